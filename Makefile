@@ -1,0 +1,40 @@
+# Two commands for a fresh clone: `make run` and `make test`. Both set up .venv first if needed.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.rlsched-installed
+# CPU machines take the CPU build of torch (pip finds it on this machine's disk); with an NVIDIA GPU
+# present, the regular build comes with `pip install -e .` instead. Override with TORCH_SPEC=...
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
+CONFIG ?= configs/jobs/quickstart.yaml
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast lint bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "setting up $(VENV) (first time: a few minutes)"
+	@$(PY) -m pip install -q --upgrade pip
+	@$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)",true)
+	@$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/rlsched run $(CONFIG)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not ray" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/config.py rlsched/engine/protocol.py verifiers
+
+bench: setup
+	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

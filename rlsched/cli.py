@@ -1,0 +1,183 @@
+"""The `rlsched` command.
+
+    rlsched run CONFIG [--set k=v ...]            run an RL job (today: the single-process GRPO loop)
+    rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
+    rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
+    rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
+
+Bad input (config, files, arguments) prints one paragraph naming the problem and how to fix it, and
+exits with status 2. Heavy imports (torch) happen inside the commands, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from rlsched.errors import UserError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rlsched.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    import torch
+
+    from rlsched.rl.loop import GRPOLoop, write_report
+
+    torch.set_num_threads(cfg.run.threads)
+    console.print(f"[bold]rlsched run[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "
+                  f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per step, "
+                  f"at most {cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s)")
+    loop = GRPOLoop(cfg, log=console.print)
+    report = loop.run()
+    path = write_report(report, cfg.run.out_dir)
+    console.print(f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
+                  f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
+                  f"{len(report.steps)} steps, {report.update_s:.0f} s training, {report.wall_s:.0f} s total; "
+                  f"report: {path}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from rlsched.engine.protocol import GenerationRequest, RequestId, RequestRejected, SamplingParams
+    from rlsched.engine.torch_engine import TorchRolloutEngine
+    from rlsched.model.checkpoint import load_checkpoint
+    from rlsched.model.template import Message, load_template
+
+    torch.set_num_threads(2)
+    ckpt = load_checkpoint(args.checkpoint)
+    template = load_template(args.template) if args.template else ckpt.template
+    prompt_ids = template.encode(ckpt.tokenizer, [Message(role="user", content=args.prompt)])
+    try:
+        params = SamplingParams(
+            temperature=0.0 if args.greedy else args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            stop=tuple(template.stop_str),
+            stop_token_ids=template.stop_token_ids,
+        )
+        engine = TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=1)
+        sample = next(iter(engine.generate([GenerationRequest(RequestId("cli-0"), tuple(prompt_ids), params)])))
+    except (RequestRejected, ValueError) as err:
+        raise UserError(str(err)) from None
+    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": sample.num_tokens,
+             "total_tokens": len(prompt_ids) + sample.num_tokens}
+    if args.json:
+        print(json.dumps({"text": sample.text, "finish_reason": sample.finish_reason.value,
+                          "stop_reason": sample.stop_reason, "token_ids": list(sample.token_ids),
+                          "logprobs": [round(x, 6) for x in sample.logprobs], "usage": usage}))
+    else:
+        console.print(sample.text, markup=False)
+        console.print(f"[dim]finish_reason={sample.finish_reason.value} prompt_tokens={usage['prompt_tokens']} "
+                      f"completion_tokens={usage['completion_tokens']}[/dim]")
+    return 0
+
+
+def cmd_template_render(args: argparse.Namespace) -> int:
+    from rlsched.model.template import load_template, parse_messages
+    from rlsched.model.tokenizer import ByteTokenizer
+
+    template = load_template(args.name)
+    messages = parse_messages(args.messages)
+    add_gen = not args.no_generation_prompt
+    if args.ids:
+        print(json.dumps(template.encode(ByteTokenizer(), messages, add_gen)))
+    else:
+        sys.stdout.write(template.render(messages, add_gen))
+        sys.stdout.write("\n" if sys.stdout.isatty() else "")
+    return 0
+
+
+def cmd_model_export(args: argparse.Namespace) -> int:
+    from rlsched.model.checkpoint import export_checkpoint
+
+    out = export_checkpoint(args.dir, args.source)
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    console.print(f"wrote {out}: {files}")
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlsched", description="Ray-based scheduler for RL post-training of LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run an RL job from a YAML config")
+    run.add_argument("config", type=Path, help="job config, e.g. configs/jobs/quickstart.yaml")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config value, e.g. --set grpo.lr=1e-4 (repeatable)")
+    run.set_defaults(func=cmd_run)
+
+    gen = sub.add_parser("generate", help="generate a reply with the torch engine")
+    gen.add_argument("--prompt", required=True, help="the user message")
+    gen.add_argument("--template", help="conversation template name or file (default: the checkpoint's)")
+    gen.add_argument("--checkpoint", type=Path, help="checkpoint directory (default: shipped base model)")
+    gen.add_argument("--max-tokens", type=_positive, default=16)
+    gen.add_argument("--greedy", action="store_true", help="temperature 0")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=cmd_generate)
+
+    tpl = sub.add_parser("template", help="conversation templates")
+    tpl_sub = tpl.add_subparsers(dest="template_command", required=True, metavar="SUBCOMMAND")
+    render = tpl_sub.add_parser("render", help="render messages with a template")
+    render.add_argument("name", help="template name (configs/templates/NAME.json) or path")
+    render.add_argument("--messages", required=True, help='JSON list, e.g. \'[{"role":"user","content":"hi"}]\'')
+    render.add_argument("--ids", action="store_true", help="print token ids instead of text")
+    render.add_argument("--no-generation-prompt", action="store_true", help="omit the assistant header")
+    render.set_defaults(func=cmd_template_render)
+
+    model = sub.add_parser("model", help="checkpoints")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
+    export = model_sub.add_parser("export", help="write a checkpoint directory that transformers and vLLM load")
+    export.add_argument("dir", type=Path, help="output directory (new or empty)")
+    export.add_argument("--from", dest="source", type=Path, help="source checkpoint (default: shipped base)")
+    export.set_defaults(func=cmd_model_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UserError as err:
+        err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

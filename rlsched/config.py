@@ -1,0 +1,181 @@
+"""The one typed config tree: defaults in code, YAML overrides, `--set a.b.c=value` on top.
+
+A job file is validated once, when it is loaded: every problem is reported together, each by its
+dotted path with how to fix it, and then the tree is frozen. Nothing downstream re-checks or
+mutates it. Depth stays at most three (`section.key` today).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlsched.errors import UserError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineKind(str, Enum):
+    TORCH = "torch"
+    VLLM = "vllm"  # the vLLM engine arrives with its own issue
+
+
+class ModelConfig(_Section):
+    checkpoint: Path | None = Field(None, description="checkpoint directory; unset = the shipped base model")
+    template: str | None = Field(None, description="conversation template; unset = the checkpoint's own")
+
+
+class EngineConfig(_Section):
+    kind: EngineKind = EngineKind.TORCH
+    max_batch: int = Field(256, ge=1, le=4096)
+    use_cache: bool = True
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_tokens: int = Field(8, ge=1)
+
+
+class TaskConfig(_Section):
+    name: Literal["addition"] = "addition"
+    digits: int = Field(3, ge=1, le=6)
+    eval_size: int = Field(1024, ge=16)
+    seed: int = 1234
+
+
+class GRPOConfig(_Section):
+    steps: int = Field(200, ge=1, description="update steps at most")
+    time_budget_s: float = Field(180.0, gt=0, description="stop updating after this many seconds")
+    prompts_per_step: int = Field(32, ge=1)
+    group_size: int = Field(8, ge=2, description="samples per prompt; advantages are relative within it")
+    lr: float = Field(3e-4, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    verify_retries: int = Field(2, ge=0, description="retries of a verifier execution fault")
+
+
+class EvalConfig(_Section):
+    every_steps: int = Field(25, ge=1, description="held-out eval every N steps (the learning curve)")
+    curve_size: int = Field(256, ge=16, description="eval problems per curve point (before/after use all)")
+
+
+class RunConfig(_Section):
+    seed: int = 0
+    threads: int = Field(2, ge=1)
+    out_dir: Path = Path("runs/latest")
+
+
+class JobConfig(_Section):
+    model: ModelConfig = ModelConfig()
+    engine: EngineConfig = EngineConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    task: TaskConfig = TaskConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    eval: EvalConfig = EvalConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobConfig:
+        if self.engine.kind is EngineKind.VLLM:
+            raise ValueError("engine.kind 'vllm' is not available yet; use 'torch'")
+        if self.eval.curve_size > self.task.eval_size:
+            raise ValueError("eval.curve_size cannot exceed task.eval_size")
+        return self
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist; pass a YAML file such as configs/jobs/quickstart.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        where = ""
+        mark = getattr(err, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{path} is not valid YAML{where}: {problem}. Check indentation and quoting there.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a mapping of sections (model:, grpo:, ...), not a {type(data).__name__}")
+    return data
+
+
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one `a.b.c=value` (value parsed as a YAML scalar: 3, 0.5, true, text) in place."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {assignment!r}: expected KEY=VALUE, for example --set grpo.lr=1e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"--set {assignment!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _fix_hint(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling"
+    if kind in ("missing",):
+        return "required; add it"
+    got = err.get("input")
+    shown = repr(got) if not isinstance(got, dict) else "a mapping"
+    return f"{err['msg']} (got {shown})"
+
+
+def _valid_keys(loc: tuple[Any, ...]) -> str:
+    model: type[BaseModel] = JobConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field is not None else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    return ", ".join(model.model_fields)
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    lines = [f"{source} has {err.error_count()} problem(s):"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join(str(p) for p in loc) or "(top level)"
+        hint = _fix_hint(e)
+        if e["type"] == "extra_forbidden":
+            keys = _valid_keys(loc)
+            hint += f"; valid keys here: {keys}" if keys else ""
+        lines.append(f"  {path}: {hint}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None, overrides: list[str] | None = None) -> JobConfig:
+    """Defaults, then the YAML file (if any), then each `--set`; validated once and frozen."""
+    tree = _read_yaml(Path(path)) if path is not None else {}
+    for assignment in overrides or []:
+        apply_override(tree, assignment)
+    try:
+        return JobConfig.model_validate(tree)
+    except ValidationError as err:
+        raise UserError(format_validation_error(str(path or "the config"), err)) from None

@@ -1,0 +1,102 @@
+"""The rollout-engine protocol that every engine (torch now, vLLM later) implements.
+
+An engine holds one weight version at a time, takes generation requests (token ids, never JSON)
+and yields each finished sample the moment it finishes. A sample carries the weight version that
+produced it, its per-token log-probabilities under the raw model distribution (before temperature,
+top-k and top-p, as vLLM's default `raw_logprobs`), and why it stopped. A request may resume from
+saved output: its prompt plus the tokens an earlier, reclaimed instance had generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NewType, Protocol
+
+RequestId = NewType("RequestId", str)
+WeightVersion = NewType("WeightVersion", int)
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # a stop token or stop string ended the sample
+    LENGTH = "length"  # max_tokens reached, or the model's context is full
+    ABORT = "abort"  # aborted by id; the tokens so far are kept so the request can resume
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling knobs, with vLLM's meanings: temperature 0 is greedy, top_k 0 and top_p 1 are off."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 means off)")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: RequestId
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    resume_ids: tuple[int, ...] = ()  # output saved by an earlier attempt; generation continues after it
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One finished generation. `token_ids` include resumed tokens and the stop token, if any."""
+
+    request_id: RequestId
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: FinishReason
+    weight_version: WeightVersion
+    stop_reason: str | int | None = None
+    resumed_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class RequestRejected(ValueError):
+    """A request the engine cannot run (e.g. a prompt longer than the model's context)."""
+
+
+class RolloutEngine(Protocol):
+    @property
+    def version(self) -> WeightVersion: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def load_weights(self, blob: bytes, version: WeightVersion) -> str:
+        """Load BF16 safetensors bytes as `version`; return the checksum of what was loaded."""
+        ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
+        """Yield each request's sample as soon as it finishes (short ones before long ones)."""
+        ...
+
+    def abort(self, request_id: RequestId) -> None:
+        """Finish a running or queued request now with `FinishReason.ABORT`."""
+        ...

@@ -1,0 +1,59 @@
+"""Held-out evaluation: pass rate of the engine's answers on the task's eval problems."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlsched.engine.protocol import GenerationRequest, RequestId, RolloutEngine, SamplingParams
+from rlsched.model.template import ConvTemplate
+from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.rl.task import Problem
+from verifiers.exact_answer import ExactAnswerVerifier
+from verifiers.protocol import Verdict, VerifyRequest, run_verifier
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    pass_rate: float
+    passed: int
+    total: int
+    carry_pass_rate: float  # on problems with at least one carry: where the base model errs
+
+    def __str__(self) -> str:
+        return f"{100 * self.pass_rate:.1f}% ({self.passed}/{self.total})"
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer: ByteTokenizer,
+    template: ConvTemplate,
+    problems: Sequence[Problem],
+    *,
+    max_tokens: int = 8,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> EvalResult:
+    """Greedy (by default) pass@1 over `problems`, judged by the exact-answer verifier."""
+    params = SamplingParams(
+        temperature=temperature, max_tokens=max_tokens, stop_token_ids=template.stop_token_ids, seed=None
+    )
+    requests = [
+        GenerationRequest(RequestId(str(i)), tuple(template.encode(tokenizer, p.messages())), params)
+        for i, p in enumerate(problems)
+    ]
+    verifier = ExactAnswerVerifier()
+    correct: dict[int, bool] = {}
+    for sample in engine.generate(requests):
+        i = int(sample.request_id)
+        outcome = run_verifier(verifier, VerifyRequest(sample.request_id, sample.text, problems[i].answer))
+        correct[i] = isinstance(outcome, Verdict) and outcome.correct
+    passed = sum(correct.values())
+    carry = [i for i, p in enumerate(problems) if p.has_carry()]
+    carry_passed = sum(correct[i] for i in carry)
+    return EvalResult(
+        pass_rate=passed / len(problems),
+        passed=passed,
+        total=len(problems),
+        carry_pass_rate=carry_passed / max(len(carry), 1),
+    )

@@ -1,0 +1,257 @@
+"""The single-process GRPO loop: generate, verify, update, publish, as numbered phases.
+
+This is what `rlsched run` drives until the Ray job exists, and what the Ray actors will wrap: the
+rollout engine holds its own copy of the weights and receives each new version as BF16 safetensors
+bytes, exactly as a remote instance will. Each iteration:
+
+1. `request_samples`  - `group_size` samples for each of `prompts_per_step` training prompts;
+2. `verify`           - each sample judged as it arrives; execution faults retried, never scored 0;
+3. `assemble`         - group-relative advantages over the judged samples;
+4. `update`           - one clipped policy-gradient step on the fp32 master weights;
+5. `publish`          - BF16 bytes of the new weights loaded into the engine as the next version.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlsched.config import JobConfig
+from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams, WeightVersion
+from rlsched.engine.torch_engine import TorchRolloutEngine
+from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes
+from rlsched.model.llama import LlamaForCausalLM
+from rlsched.rl.batching import pack, token_logprobs
+from rlsched.rl.evaluate import EvalResult, evaluate
+from rlsched.rl.grpo import LossStats, group_advantages, grpo_loss
+from rlsched.rl.task import AdditionTask, Problem
+from verifiers.exact_answer import ExactAnswerVerifier
+from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest, run_verifier
+
+
+@dataclass
+class StepRecord:
+    step: int
+    version: int
+    reward: float  # mean reward of the step's samples
+    phase_s: dict[str, float]
+    loss: float
+    clip_fraction: float
+    faults: int
+    eval_pass_rate: float | None = None
+
+
+@dataclass
+class RunReport:
+    before: EvalResult
+    after: EvalResult
+    steps: list[StepRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    update_s: float = 0.0
+
+    @property
+    def gain_points(self) -> float:
+        return 100 * (self.after.pass_rate - self.before.pass_rate)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "before": asdict(self.before),
+            "after": asdict(self.after),
+            "gain_points": round(self.gain_points, 2),
+            "wall_s": round(self.wall_s, 2),
+            "update_s": round(self.update_s, 2),
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+
+class GRPOLoop:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        checkpoint: Checkpoint | None = None,
+        verifier: Verifier | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg
+        torch.manual_seed(cfg.run.seed)
+        self.ckpt = checkpoint or load_checkpoint(cfg.model.checkpoint)
+        self.policy = self.ckpt.model
+        self.policy.train()
+        self.reference = self._frozen_copy() if cfg.grpo.kl_coef > 0 else None
+        self.engine = TorchRolloutEngine(
+            self._frozen_copy(),
+            self.ckpt.tokenizer,
+            max_batch=cfg.engine.max_batch,
+            use_cache=cfg.engine.use_cache,
+            seed=cfg.run.seed,
+        )
+        self.template = self.ckpt.template
+        self.task = AdditionTask(cfg.task.digits, cfg.task.eval_size, cfg.task.seed)
+        self.verifier = verifier or ExactAnswerVerifier()
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
+        self.train_stream = self.task.train_problems(random.Random(cfg.run.seed))
+        self.version = WeightVersion(0)
+        self.log = log
+        self.sampling = SamplingParams(
+            temperature=cfg.sampling.temperature,
+            top_p=cfg.sampling.top_p,
+            top_k=cfg.sampling.top_k,
+            max_tokens=cfg.sampling.max_tokens,
+            stop_token_ids=self.template.stop_token_ids,
+        )
+
+    def _frozen_copy(self) -> LlamaForCausalLM:
+        copy = LlamaForCausalLM(self.policy.config)
+        copy.load_state_dict(self.policy.state_dict())
+        return copy.eval().requires_grad_(False)
+
+    # -- the iteration -----------------------------------------------------------------------
+
+    def request_samples(self, problems: list[Problem]) -> list[GenerationRequest]:
+        g = self.cfg.grpo.group_size
+        prompts = self.ckpt.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
+        return [
+            GenerationRequest(RequestId(f"{self.version}-{i}-{k}"), tuple(prompts[i]), self.sampling)
+            for i in range(len(problems))
+            for k in range(g)
+        ]
+
+    def verify(self, sample: Sample, reference: str) -> Outcome:
+        """Judge one sample; retry execution faults up to `verify_retries` times."""
+        attempt = 0
+        while True:
+            outcome = run_verifier(self.verifier, VerifyRequest(sample.request_id, sample.text, reference, attempt))
+            if isinstance(outcome, Verdict) or attempt >= self.cfg.grpo.verify_retries:
+                return outcome
+            attempt += 1
+
+    def generate_and_verify(self, problems: list[Problem]) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
+        requests = self.request_samples(problems)
+        samples: dict[RequestId, Sample] = {}
+        outcomes: dict[RequestId, Outcome] = {}
+        for sample in self.engine.generate(requests):  # each sample is judged the moment it exists
+            samples[sample.request_id] = sample
+            problem = problems[int(sample.request_id.split("-")[1])]
+            outcomes[sample.request_id] = self.verify(sample, problem.answer)
+        return samples, outcomes
+
+    def assemble(
+        self, requests: list[RequestId], samples: dict[RequestId, Sample], outcomes: dict[RequestId, Outcome]
+    ) -> tuple[list[Sample], torch.Tensor, int]:
+        """Samples and advantages of every group whose members were all judged."""
+        g = self.cfg.grpo.group_size
+        kept: list[Sample] = []
+        rewards: list[list[float]] = []
+        faults = 0
+        for start in range(0, len(requests), g):
+            group = requests[start : start + g]
+            judged = [outcomes[r] for r in group]
+            if not all(isinstance(o, Verdict) for o in judged):
+                faults += sum(isinstance(o, ExecutionFault) for o in judged)
+                continue  # a group with an unjudged member is left out whole, never scored zero
+            kept.extend(samples[r] for r in group)
+            rewards.append([o.reward for o in judged if isinstance(o, Verdict)])
+        if not rewards:
+            return [], torch.zeros(0), faults
+        adv = group_advantages(torch.tensor(rewards)).flatten()
+        return kept, adv, faults
+
+    def update(self, samples: list[Sample], advantages: torch.Tensor) -> LossStats:
+        batch = pack([s.prompt_ids for s in samples], [s.token_ids for s in samples], self.policy.config.pad_token_id)
+        old = torch.zeros_like(batch.loss_mask)
+        for i, (s, sl) in enumerate(zip(samples, batch.completion_slices, strict=True)):
+            old[i, sl] = torch.tensor(s.logprobs)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = token_logprobs(self.reference(batch.input_ids), batch.targets)
+        new = token_logprobs(self.policy(batch.input_ids), batch.targets)
+        gcfg = self.cfg.grpo
+        loss, stats = grpo_loss(new, old, advantages, batch.loss_mask, clip_low=gcfg.clip_low,
+                                clip_high=gcfg.clip_high, ref_logp=ref, kl_coef=gcfg.kl_coef)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), gcfg.max_grad_norm)
+        self.optimizer.step()
+        return stats
+
+    def publish(self) -> str:
+        """The new version's BF16 bytes go to the engine, as they will go to remote instances."""
+        blob = to_bf16_bytes(self.policy)
+        self.version = WeightVersion(self.version + 1)
+        loaded = self.engine.load_weights(blob, self.version)
+        if loaded != checksum(blob):
+            raise RuntimeError("engine confirmed a different checksum than was published")
+        return loaded
+
+    def _set_lr(self, step: int) -> None:
+        warm = self.cfg.grpo.warmup_steps
+        scale = min(1.0, (step + 1) / warm) if warm else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.grpo.lr * scale
+
+    def step(self, step: int) -> StepRecord:
+        phase: dict[str, float] = {}
+        t = time.monotonic()
+        problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
+        requests = [r.request_id for r in self.request_samples(problems)]
+        samples, outcomes = self.generate_and_verify(problems)
+        phase["generate_verify"] = time.monotonic() - t
+        t = time.monotonic()
+        kept, adv, faults = self.assemble(requests, samples, outcomes)
+        self._set_lr(step)
+        stats = self.update(kept, adv) if kept else LossStats(0.0, 0.0, 0.0, 1.0)
+        phase["update"] = time.monotonic() - t
+        t = time.monotonic()
+        self.publish()
+        phase["publish"] = time.monotonic() - t
+        rewards = [o.reward for o in outcomes.values() if isinstance(o, Verdict)]
+        return StepRecord(step=step + 1, version=int(self.version), reward=sum(rewards) / max(len(rewards), 1),
+                          phase_s={k: round(v, 3) for k, v in phase.items()}, loss=stats.loss,
+                          clip_fraction=stats.clip_fraction, faults=faults)
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def evaluate(self, size: int | None = None) -> EvalResult:
+        problems = self.task.eval_problems if size is None else self.task.eval_problems[:size]
+        return evaluate(self.engine, self.ckpt.tokenizer, self.template, problems,
+                        max_tokens=self.cfg.sampling.max_tokens)
+
+    def run(self) -> RunReport:
+        start = time.monotonic()
+        before = self.evaluate()
+        self.log(f"held-out pass rate before: {before}")
+        records: list[StepRecord] = []
+        t_update = time.monotonic()
+        for step in range(self.cfg.grpo.steps):
+            if time.monotonic() - t_update > self.cfg.grpo.time_budget_s:
+                self.log(f"time budget of {self.cfg.grpo.time_budget_s:.0f} s reached after {step} steps")
+                break
+            rec = self.step(step)
+            if rec.step % self.cfg.eval.every_steps == 0:
+                rec.eval_pass_rate = self.evaluate(self.cfg.eval.curve_size).pass_rate
+            records.append(rec)
+            if rec.eval_pass_rate is not None:
+                self.log(self._progress_line(rec, time.monotonic() - t_update))
+        update_s = time.monotonic() - t_update
+        after = self.evaluate()
+        self.log(f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)")
+        return RunReport(before=before, after=after, steps=records, wall_s=time.monotonic() - start, update_s=update_s)
+
+    @staticmethod
+    def _progress_line(rec: StepRecord, elapsed: float) -> str:
+        return (f"step {rec.step:4d}  v{rec.version:<4d} reward {rec.reward:.3f}  loss {rec.loss:+.4f}  "
+                f"clip {rec.clip_fraction:.3f}  eval {100 * (rec.eval_pass_rate or 0):5.1f}%  {elapsed:6.1f} s")
+
+
+def write_report(report: RunReport, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(report.to_json(), indent=1))
+    return path

@@ -1,0 +1,116 @@
+"""The `rlsched` command as a user runs it: output, exit codes, and one-paragraph errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rlsched(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("error:") or "error:" in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+def test_help_lists_every_command() -> None:
+    proc = rlsched("--help")
+    assert proc.returncode == 0
+    for command in ("run", "generate", "template", "model"):
+        assert command in proc.stdout
+
+
+def test_generate_greedy_json() -> None:
+    proc = rlsched("generate", "--prompt", "123+456", "--greedy", "--max-tokens", "6", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["finish_reason"] in ("stop", "length")
+    assert out["usage"]["prompt_tokens"] == 26
+    assert out["usage"]["completion_tokens"] == len(out["token_ids"]) <= 6
+    again = json.loads(rlsched("generate", "--prompt", "123+456", "--greedy", "--max-tokens", "6", "--json").stdout)
+    assert again["token_ids"] == out["token_ids"]
+
+
+def test_generate_plain_prints_text_and_usage() -> None:
+    proc = rlsched("generate", "--prompt", "100+200", "--greedy")
+    assert proc.returncode == 0 and "finish_reason=" in proc.stdout and "prompt_tokens=26" in proc.stdout
+
+
+def test_template_render_text_and_ids() -> None:
+    msgs = '[{"role": "user", "content": "hi"}]'
+    text = rlsched("template", "render", "chatml", "--messages", msgs)
+    assert text.returncode == 0 and text.stdout == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = json.loads(rlsched("template", "render", "chatml", "--messages", msgs, "--ids").stdout)
+    assert ids[0] == 4 and ids[-1] == 6 + ord("\n")
+
+
+def test_model_export(tmp_path: Path) -> None:
+    proc = rlsched("model", "export", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_run_tiny_job(tmp_path: Path) -> None:
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--set", "grpo.steps=2", "--set", "task.eval_size=64",
+                   "--set", "eval.curve_size=32", "--set", "eval.every_steps=1", "--set", "grpo.prompts_per_step=4",
+                   "--set", f"run.out_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "before" in proc.stdout and "after" in proc.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["steps"]) == 2 and report["before"]["total"] == 64
+
+
+# -- bad input: one paragraph, exit 2, no traceback ----------------------------------------------------
+
+
+def test_malformed_yaml(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("grpo:\n  lr: [1,\n")
+    assert_user_error(rlsched("run", str(f)), "not valid YAML", "line")
+
+
+def test_unknown_key_and_wrong_type_together(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("grpo:\n  learning_rate: 0.1\n  steps: many\n")
+    assert_user_error(rlsched("run", str(f)), "grpo.learning_rate", "unknown key", "grpo.steps", "2 problem(s)")
+
+
+def test_bad_set_override() -> None:
+    assert_user_error(rlsched("run", "configs/jobs/quickstart.yaml", "--set", "grpo.steps=-3"), "grpo.steps")
+
+
+def test_missing_config_file() -> None:
+    assert_user_error(rlsched("run", "nope.yaml"), "does not exist")
+
+
+def test_missing_checkpoint_file(tmp_path: Path) -> None:
+    rlsched("model", "export", str(tmp_path / "ck"))
+    (tmp_path / "ck" / "tokenizer.json").unlink()
+    assert_user_error(rlsched("generate", "--prompt", "1+1", "--checkpoint", str(tmp_path / "ck")),
+                      "missing tokenizer.json")
+
+
+def test_unknown_template() -> None:
+    assert_user_error(rlsched("generate", "--prompt", "1+1", "--template", "vicuna"), "vicuna", "available")
+    assert_user_error(rlsched("template", "render", "vicuna", "--messages", "[]"), "available")
+
+
+def test_prompt_longer_than_context() -> None:
+    assert_user_error(rlsched("generate", "--prompt", "9" * 500), "context", "shorten")
+
+
+@pytest.mark.parametrize("messages", ["not json", '{"role": "user"}', '[{"role": "user"}]'])
+def test_bad_messages(messages: str) -> None:
+    assert_user_error(rlsched("template", "render", "chatml", "--messages", messages), "messages")

@@ -1,0 +1,93 @@
+"""The config tree: every shipped file loads; bad files are reported whole, by path, then refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from rlsched.config import JobConfig, load_config
+from rlsched.errors import UserError
+from rlsched.model.template import load_template
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
+TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
+ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
+
+
+def test_every_file_under_configs_is_covered_by_a_loader() -> None:
+    assert set(ALL_CONFIG_FILES) == set(JOB_FILES) | set(TEMPLATE_FILES)
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_job_files_load(path: Path) -> None:
+    assert isinstance(load_config(path), JobConfig)
+
+
+@pytest.mark.parametrize("path", TEMPLATE_FILES, ids=lambda p: p.name)
+def test_template_files_load(path: Path) -> None:
+    assert load_template(str(path)).name == path.stem
+
+
+def test_defaults_come_from_code_and_yaml_only_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("grpo:\n  lr: 0.001\n")
+    cfg = load_config(f)
+    assert cfg.grpo.lr == 0.001
+    assert cfg.grpo.group_size == JobConfig().grpo.group_size
+
+
+def test_set_overrides_parse_scalars() -> None:
+    cfg = load_config(None, ["grpo.steps=7", "engine.use_cache=false", "sampling.temperature=0.5",
+                             "run.out_dir=/tmp/x"])
+    assert (cfg.grpo.steps, cfg.engine.use_cache, cfg.sampling.temperature) == (7, False, 0.5)
+    assert str(cfg.run.out_dir) == "/tmp/x"
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config(None)
+    with pytest.raises(ValidationError):
+        cfg.grpo.lr = 1.0  # type: ignore[misc]
+
+
+def test_all_errors_reported_together_with_paths(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("grpo:\n  lr: fast\n  group_sise: 4\nsampling:\n  top_p: 2\nbogus: 1\n")
+    with pytest.raises(UserError) as info:
+        load_config(f)
+    msg = str(info.value)
+    assert "4 problem(s)" in msg
+    for path in ("grpo.lr", "grpo.group_sise", "sampling.top_p", "bogus"):
+        assert path in msg
+    assert "group_size" in msg  # the valid keys are listed next to the misspelt one
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    f = tmp_path / "broken.yaml"
+    f.write_text("grpo:\n  lr: 0.1\n   steps: [1, 2\n")
+    with pytest.raises(UserError, match=r"not valid YAML at line \d+"):
+        load_config(f)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "42\n"])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "list.yaml"
+    f.write_text(text)
+    with pytest.raises(UserError, match="mapping"):
+        load_config(f)
+
+
+def test_missing_file_and_bad_set() -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        load_config("/nonexistent/job.yaml")
+    with pytest.raises(UserError, match="KEY=VALUE"):
+        load_config(None, ["grpo.lr"])
+    with pytest.raises(UserError, match="unknown key"):
+        load_config(None, ["grpo.nope=1"])
+
+
+def test_cross_field_rule() -> None:
+    with pytest.raises(UserError, match="curve_size"):
+        load_config(None, ["task.eval_size=100", "eval.curve_size=200"])
