@@ -38,16 +38,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rlsched.rl.loop import GRPOLoop, write_report
 
     torch.set_num_threads(cfg.run.threads)
-    console.print(f"[bold]rlsched run[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "
-                  f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per step, "
-                  f"at most {cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s)")
+    console.print(
+        f"[bold]rlsched run[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "
+        f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per step, "
+        f"at most {cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s)"
+    )
     loop = GRPOLoop(cfg, log=console.print)
     report = loop.run()
     path = write_report(report, cfg.run.out_dir)
-    console.print(f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
-                  f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
-                  f"{len(report.steps)} steps, {report.update_s:.0f} s training, {report.wall_s:.0f} s total; "
-                  f"report: {path}")
+    console.print(
+        f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
+        f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
+        f"{len(report.steps)} steps, {report.update_s:.0f} s training, {report.wall_s:.0f} s total; "
+        f"report: {path}"
+    )
     return 0
 
 
@@ -74,19 +78,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stop_token_ids=template.stop_token_ids,
         )
         engine = TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=1)
-        sample = next(iter(engine.generate([GenerationRequest(RequestId("cli-0"), tuple(prompt_ids), params)])))
+        sample = next(
+            iter(engine.generate([GenerationRequest(RequestId("cli-0"), tuple(prompt_ids), params)]))
+        )
     except (RequestRejected, ValueError) as err:
         raise UserError(str(err)) from None
-    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": sample.num_tokens,
-             "total_tokens": len(prompt_ids) + sample.num_tokens}
+    usage = {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": sample.num_tokens,
+        "total_tokens": len(prompt_ids) + sample.num_tokens,
+    }
     if args.json:
-        print(json.dumps({"text": sample.text, "finish_reason": sample.finish_reason.value,
-                          "stop_reason": sample.stop_reason, "token_ids": list(sample.token_ids),
-                          "logprobs": [round(x, 6) for x in sample.logprobs], "usage": usage}))
+        print(
+            json.dumps(
+                {
+                    "text": sample.text,
+                    "finish_reason": sample.finish_reason.value,
+                    "stop_reason": sample.stop_reason,
+                    "token_ids": list(sample.token_ids),
+                    "logprobs": [round(x, 6) for x in sample.logprobs],
+                    "usage": usage,
+                }
+            )
+        )
     else:
         console.print(sample.text, markup=False)
-        console.print(f"[dim]finish_reason={sample.finish_reason.value} prompt_tokens={usage['prompt_tokens']} "
-                      f"completion_tokens={usage['completion_tokens']}[/dim]")
+        console.print(
+            f"[dim]finish_reason={sample.finish_reason.value} prompt_tokens={usage['prompt_tokens']} "
+            f"completion_tokens={usage['completion_tokens']}[/dim]"
+        )
     return 0
 
 
@@ -125,13 +145,20 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlsched", description="Ray-based scheduler for RL post-training of LLMs.")
+    parser = argparse.ArgumentParser(
+        prog="rlsched", description="Ray-based scheduler for RL post-training of LLMs."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run an RL job from a YAML config")
     run.add_argument("config", type=Path, help="job config, e.g. configs/jobs/quickstart.yaml")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config value, e.g. --set grpo.lr=1e-4 (repeatable)")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set grpo.lr=1e-4 (repeatable)",
+    )
     run.set_defaults(func=cmd_run)
 
     gen = sub.add_parser("generate", help="generate a reply with the torch engine")
@@ -151,14 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     tpl_sub = tpl.add_subparsers(dest="template_command", required=True, metavar="SUBCOMMAND")
     render = tpl_sub.add_parser("render", help="render messages with a template")
     render.add_argument("name", help="template name (configs/templates/NAME.json) or path")
-    render.add_argument("--messages", required=True, help='JSON list, e.g. \'[{"role":"user","content":"hi"}]\'')
+    render.add_argument(
+        "--messages", required=True, help='JSON list, e.g. \'[{"role":"user","content":"hi"}]\''
+    )
     render.add_argument("--ids", action="store_true", help="print token ids instead of text")
     render.add_argument("--no-generation-prompt", action="store_true", help="omit the assistant header")
     render.set_defaults(func=cmd_template_render)
 
     model = sub.add_parser("model", help="checkpoints")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
-    export = model_sub.add_parser("export", help="write a checkpoint directory that transformers and vLLM load")
+    export = model_sub.add_parser(
+        "export", help="write a checkpoint directory that transformers and vLLM load"
+    )
     export.add_argument("dir", type=Path, help="output directory (new or empty)")
     export.add_argument("--from", dest="source", type=Path, help="source checkpoint (default: shipped base)")
     export.set_defaults(func=cmd_model_export)

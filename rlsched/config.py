@@ -7,12 +7,13 @@ mutates it. Depth stays at most three (`section.key` today).
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from rlsched.errors import UserError
 
@@ -21,7 +22,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class EngineKind(str, Enum):
+class EngineKind(StrEnum):
     TORCH = "torch"
     VLLM = "vllm"  # the vLLM engine arrives with its own issue
 
@@ -99,7 +100,9 @@ class JobConfig(_Section):
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise UserError(f"config file {path} does not exist; pass a YAML file such as configs/jobs/quickstart.yaml")
+        raise UserError(
+            f"config file {path} does not exist; pass a YAML file such as configs/jobs/quickstart.yaml"
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -108,11 +111,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         if mark is not None:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{path} is not valid YAML{where}: {problem}. Check indentation and quoting there.") from None
+        raise UserError(
+            f"{path} is not valid YAML{where}: {problem}. Check indentation and quoting there."
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"{path} must hold a mapping of sections (model:, grpo:, ...), not a {type(data).__name__}")
+        raise UserError(
+            f"{path} must hold a mapping of sections (model:, grpo:, ...), not a {type(data).__name__}"
+        )
     return data
 
 
@@ -135,7 +142,7 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
-def _fix_hint(err: dict[str, Any]) -> str:
+def _fix_hint(err: ErrorDetails) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         return "unknown key; remove it or check its spelling"

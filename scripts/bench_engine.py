@@ -49,38 +49,67 @@ def main() -> None:
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, seed=args.seed)
     engines = {
         "kv_cache": TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max(args.batches)),
-        "no_cache": TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max(args.batches), use_cache=False),
+        "no_cache": TorchRolloutEngine(
+            ckpt.model, ckpt.tokenizer, max_batch=max(args.batches), use_cache=False
+        ),
     }
     rows = []
     for batch in args.batches:
         requests = [
-            GenerationRequest(RequestId(str(i)), tuple(ckpt.template.encode(ckpt.tokenizer, p.messages())), params)
+            GenerationRequest(
+                RequestId(str(i)), tuple(ckpt.template.encode(ckpt.tokenizer, p.messages())), params
+            )
             for i, p in enumerate(task.eval_problems[:batch])
         ]
         tokens_per_second(engines["kv_cache"], requests[:1])  # warm-up
-        figures = {name: statistics.median(tokens_per_second(e, requests) for _ in range(args.repeats))
-                   for name, e in engines.items()}
-        rows.append({"batch": batch, **{f"{k}_tok_s": round(v, 1) for k, v in figures.items()},
-                     "speedup_vs_no_cache": round(figures["kv_cache"] / figures["no_cache"], 2)})
+        figures = {
+            name: statistics.median(tokens_per_second(e, requests) for _ in range(args.repeats))
+            for name, e in engines.items()
+        }
+        rows.append(
+            {
+                "batch": batch,
+                **{f"{k}_tok_s": round(v, 1) for k, v in figures.items()},
+                "speedup_vs_no_cache": round(figures["kv_cache"] / figures["no_cache"], 2),
+            }
+        )
         print(f"batch {batch}: {rows[-1]}", flush=True)
 
-    table = Table(title=f"torch engine decode throughput ({args.tokens} tokens/request, median of {args.repeats})")
+    table = Table(
+        title=f"torch engine decode throughput ({args.tokens} tokens/request, median of {args.repeats})"
+    )
     for col in ("batch", "KV cache tok/s", "no cache tok/s", "KV cache / no cache"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["batch"]), f"{r['kv_cache_tok_s']:.0f}", f"{r['no_cache_tok_s']:.0f}",
-                      f"{r['speedup_vs_no_cache']:.2f}x")
+        table.add_row(
+            str(r["batch"]),
+            f"{r['kv_cache_tok_s']:.0f}",
+            f"{r['no_cache_tok_s']:.0f}",
+            f"{r['speedup_vs_no_cache']:.2f}x",
+        )
     Console().print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "bench_engine",
-        "workload": {"model": str(ckpt.path), "params": sum(p.numel() for p in ckpt.model.parameters()),
-                     "prompt_tokens": 26, "tokens_per_request": args.tokens, "sampling": "temperature 1"},
-        "seed": args.seed, "repeats": args.repeats, "statistic": "median",
-        "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
-        "bound": "no_cache engine of the same run (ratio = kv_cache / no_cache)",
-        "results": rows,
-    }, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_engine",
+                "workload": {
+                    "model": str(ckpt.path),
+                    "params": sum(p.numel() for p in ckpt.model.parameters()),
+                    "prompt_tokens": 26,
+                    "tokens_per_request": args.tokens,
+                    "sampling": "temperature 1",
+                },
+                "seed": args.seed,
+                "repeats": args.repeats,
+                "statistic": "median",
+                "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
+                "bound": "no_cache engine of the same run (ratio = kv_cache / no_cache)",
+                "results": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -24,9 +24,9 @@ from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import BASE_CHECKPOINT, save_checkpoint
 from rlsched.model.llama import LlamaConfig, LlamaForCausalLM
 from rlsched.model.template import load_template
-from rlsched.model.tokenizer import IM_END_ID, PAD_ID, ByteTokenizer
-from rlsched.rl.batching import pack, token_logprobs
+from rlsched.model.tokenizer import ByteTokenizer
 from rlsched.rl.evaluate import evaluate
+from rlsched.rl.sft import sft_step
 from rlsched.rl.task import AdditionTask, teacher_answer
 
 CARRY_DROP = 0.6
@@ -65,36 +65,39 @@ def main() -> None:
     start = time.monotonic()
     for step in range(args.steps):
         problems = [next(stream) for _ in range(args.batch)]
-        prompts = tok.encode_batch([p.prompt(template) for p in problems])
-        answers = [tok.encode(teacher_answer(p, rng, CARRY_DROP)) + [IM_END_ID] for p in problems]
-        batch = pack(prompts, answers, PAD_ID)
+        answers = [teacher_answer(p, rng, CARRY_DROP) for p in problems]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, warmup=100)
-        model.train()
-        logp = token_logprobs(model(batch.input_ids), batch.targets)
-        loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(model, opt, tok, template, problems, answers)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             model.eval()
             engine = TorchRolloutEngine(model, tok, max_batch=256)
             greedy = evaluate(engine, tok, template, probe)
             sampled = evaluate(engine, tok, template, probe, temperature=1.0)
-            row = {"step": step + 1, "loss": round(float(loss), 4), "greedy": greedy.pass_rate,
-                   "sampled": sampled.pass_rate, "sampled_carry": sampled.carry_pass_rate,
-                   "wall_s": round(time.monotonic() - start, 1)}
+            row = {
+                "step": step + 1,
+                "loss": round(loss, 4),
+                "greedy": greedy.pass_rate,
+                "sampled": sampled.pass_rate,
+                "sampled_carry": sampled.carry_pass_rate,
+                "wall_s": round(time.monotonic() - start, 1),
+            }
             log.append(row)
             print(json.dumps(row), flush=True)
     model.eval()
     engine = TorchRolloutEngine(model, tok, max_batch=256)
     final = evaluate(engine, tok, template, task.eval_problems)
-    print(f"held-out greedy pass rate {final} (carry problems {100 * final.carry_pass_rate:.1f}%), "
-          f"{time.monotonic() - start:.0f} s")
+    print(
+        f"held-out greedy pass rate {final} (carry problems {100 * final.carry_pass_rate:.1f}%), "
+        f"{time.monotonic() - start:.0f} s"
+    )
     out = save_checkpoint(model, tok, template, args.out)
-    (out / "pretrain_log.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                       "carry_drop": CARRY_DROP, "log": log}, indent=1))
+    (out / "pretrain_log.json").write_text(
+        json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "carry_drop": CARRY_DROP, "log": log},
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -10,7 +10,7 @@ wrong answer teaches the policy that correct answers are bad.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -32,7 +32,7 @@ class Verdict:
     detail: str = ""
 
 
-class FaultKind(str, Enum):
+class FaultKind(StrEnum):
     CRASH = "crash"  # the verifier raised or its process died
     TIMEOUT = "timeout"  # it did not answer in time (and was stopped)
     RESOURCES = "resources"  # out of memory, no device, sandbox refused
@@ -62,6 +62,10 @@ def run_verifier(verifier: Verifier, request: VerifyRequest) -> Outcome:
     try:
         return verifier.verify(request)
     except MemoryError as err:
-        return ExecutionFault(request.sample_id, FaultKind.RESOURCES, f"{verifier.name}: {err!r}", request.attempt)
+        return ExecutionFault(
+            request.sample_id, FaultKind.RESOURCES, f"{verifier.name}: {err!r}", request.attempt
+        )
     except Exception as err:  # noqa: BLE001 - the boundary where any verifier bug becomes a typed fault
-        return ExecutionFault(request.sample_id, FaultKind.CRASH, f"{verifier.name}: {err!r}", request.attempt)
+        return ExecutionFault(
+            request.sample_id, FaultKind.CRASH, f"{verifier.name}: {err!r}", request.attempt
+        )

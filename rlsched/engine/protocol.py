@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import NewType, Protocol
 
 RequestId = NewType("RequestId", str)
 WeightVersion = NewType("WeightVersion", int)
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"  # a stop token or stop string ended the sample
     LENGTH = "length"  # max_tokens reached, or the model's context is full
     ABORT = "abort"  # aborted by id; the tokens so far are kept so the request can resume

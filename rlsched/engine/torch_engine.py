@@ -84,13 +84,13 @@ class TorchRolloutEngine:
         max_batch: int = 64,
         use_cache: bool = True,
         seed: int = 0,
-        version: WeightVersion = WeightVersion(0),
+        version: int = 0,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.use_cache = use_cache
-        self._version = version
+        self._version = WeightVersion(version)
         self._generator = torch.Generator().manual_seed(seed)
         self._aborted: set[RequestId] = set()
         self._lock = threading.Lock()
@@ -105,7 +105,7 @@ class TorchRolloutEngine:
 
     def load_weights(self, blob: bytes, version: WeightVersion) -> str:
         load_state_bytes(self.model, blob)
-        self._version = version
+        self._version = WeightVersion(version)
         return checksum(blob)
 
     def abort(self, request_id: RequestId) -> None:

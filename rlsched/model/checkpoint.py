@@ -54,7 +54,9 @@ def load_state_bytes(model: torch.nn.Module, blob: bytes) -> None:
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
-        raise ValueError(f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise ValueError(
+            f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     with torch.no_grad():
         for name, tensor in state.items():
             if tuple(tensor.shape) != tuple(own[name].shape):
@@ -102,12 +104,15 @@ def load_checkpoint(path: Path | None = None) -> Checkpoint:
     """Load a checkpoint directory (default: the shipped base model) into an fp32 model."""
     path = Path(path) if path is not None else BASE_CHECKPOINT
     if not path.is_dir():
-        raise UserError(f"checkpoint directory {path} does not exist; give a directory written by "
-                        "`rlsched model export DIR` (or leave it unset for the shipped base model)")
+        raise UserError(
+            f"checkpoint directory {path} does not exist; give a directory written by "
+            "`rlsched model export DIR` (or leave it unset for the shipped base model)"
+        )
     missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
     if missing:
-        raise UserError(f"checkpoint {path} is missing {', '.join(missing)}; re-export it with "
-                        "`rlsched model export DIR`")
+        raise UserError(
+            f"checkpoint {path} is missing {', '.join(missing)}; re-export it with `rlsched model export DIR`"
+        )
     try:
         cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
         model = LlamaForCausalLM(cfg)

@@ -233,9 +233,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
-def _attention_mask(
-    b: int, t: int, key_valid: torch.Tensor | None, cache: KVCache | None
-) -> torch.Tensor:
+def _attention_mask(b: int, t: int, key_valid: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
     """Boolean [B, 1, T, S] mask: causal, real keys only; a query always sees itself (no NaN rows)."""
     start = cache.length if cache is not None else 0
     s = start + t

@@ -122,7 +122,9 @@ class ConvTemplate(BaseModel):
             "{%- endif -%}",
         ]
         sys_pre, sys_post = self.system_template.split("{system_message}", 1)
-        lines.append("{%- if ns.system -%}{{ " + q(sys_pre) + " + ns.system + " + q(sys_post) + " }}{%- endif -%}")
+        lines.append(
+            "{%- if ns.system -%}{{ " + q(sys_pre) + " + ns.system + " + q(sys_post) + " }}{%- endif -%}"
+        )
         lines.append("{%- for m in ns.turns -%}")
         for k, role in enumerate(sorted(self.roles)):
             pre, post = self._role_template(role).split(ROLE_PLACEHOLDERS.get(role, "{message}"), 1)

@@ -126,12 +126,16 @@ class GRPOLoop:
         """Judge one sample; retry execution faults up to `verify_retries` times."""
         attempt = 0
         while True:
-            outcome = run_verifier(self.verifier, VerifyRequest(sample.request_id, sample.text, reference, attempt))
+            outcome = run_verifier(
+                self.verifier, VerifyRequest(sample.request_id, sample.text, reference, attempt)
+            )
             if isinstance(outcome, Verdict) or attempt >= self.cfg.grpo.verify_retries:
                 return outcome
             attempt += 1
 
-    def generate_and_verify(self, problems: list[Problem]) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
+    def generate_and_verify(
+        self, problems: list[Problem]
+    ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
         requests = self.request_samples(problems)
         samples: dict[RequestId, Sample] = {}
         outcomes: dict[RequestId, Outcome] = {}
@@ -163,7 +167,9 @@ class GRPOLoop:
         return kept, adv, faults
 
     def update(self, samples: list[Sample], advantages: torch.Tensor) -> LossStats:
-        batch = pack([s.prompt_ids for s in samples], [s.token_ids for s in samples], self.policy.config.pad_token_id)
+        batch = pack(
+            [s.prompt_ids for s in samples], [s.token_ids for s in samples], self.policy.config.pad_token_id
+        )
         old = torch.zeros_like(batch.loss_mask)
         for i, (s, sl) in enumerate(zip(samples, batch.completion_slices, strict=True)):
             old[i, sl] = torch.tensor(s.logprobs)
@@ -173,8 +179,16 @@ class GRPOLoop:
                 ref = token_logprobs(self.reference(batch.input_ids), batch.targets)
         new = token_logprobs(self.policy(batch.input_ids), batch.targets)
         gcfg = self.cfg.grpo
-        loss, stats = grpo_loss(new, old, advantages, batch.loss_mask, clip_low=gcfg.clip_low,
-                                clip_high=gcfg.clip_high, ref_logp=ref, kl_coef=gcfg.kl_coef)
+        loss, stats = grpo_loss(
+            new,
+            old,
+            advantages,
+            batch.loss_mask,
+            clip_low=gcfg.clip_low,
+            clip_high=gcfg.clip_high,
+            ref_logp=ref,
+            kl_coef=gcfg.kl_coef,
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), gcfg.max_grad_norm)
@@ -212,16 +226,23 @@ class GRPOLoop:
         self.publish()
         phase["publish"] = time.monotonic() - t
         rewards = [o.reward for o in outcomes.values() if isinstance(o, Verdict)]
-        return StepRecord(step=step + 1, version=int(self.version), reward=sum(rewards) / max(len(rewards), 1),
-                          phase_s={k: round(v, 3) for k, v in phase.items()}, loss=stats.loss,
-                          clip_fraction=stats.clip_fraction, faults=faults)
+        return StepRecord(
+            step=step + 1,
+            version=int(self.version),
+            reward=sum(rewards) / max(len(rewards), 1),
+            phase_s={k: round(v, 3) for k, v in phase.items()},
+            loss=stats.loss,
+            clip_fraction=stats.clip_fraction,
+            faults=faults,
+        )
 
     # -- the run -----------------------------------------------------------------------------
 
     def evaluate(self, size: int | None = None) -> EvalResult:
         problems = self.task.eval_problems if size is None else self.task.eval_problems[:size]
-        return evaluate(self.engine, self.ckpt.tokenizer, self.template, problems,
-                        max_tokens=self.cfg.sampling.max_tokens)
+        return evaluate(
+            self.engine, self.ckpt.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
+        )
 
     def run(self) -> RunReport:
         start = time.monotonic()
@@ -241,13 +262,19 @@ class GRPOLoop:
                 self.log(self._progress_line(rec, time.monotonic() - t_update))
         update_s = time.monotonic() - t_update
         after = self.evaluate()
-        self.log(f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)")
-        return RunReport(before=before, after=after, steps=records, wall_s=time.monotonic() - start, update_s=update_s)
+        self.log(
+            f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)"
+        )
+        return RunReport(
+            before=before, after=after, steps=records, wall_s=time.monotonic() - start, update_s=update_s
+        )
 
     @staticmethod
     def _progress_line(rec: StepRecord, elapsed: float) -> str:
-        return (f"step {rec.step:4d}  v{rec.version:<4d} reward {rec.reward:.3f}  loss {rec.loss:+.4f}  "
-                f"clip {rec.clip_fraction:.3f}  eval {100 * (rec.eval_pass_rate or 0):5.1f}%  {elapsed:6.1f} s")
+        return (
+            f"step {rec.step:4d}  v{rec.version:<4d} reward {rec.reward:.3f}  loss {rec.loss:+.4f}  "
+            f"clip {rec.clip_fraction:.3f}  eval {100 * (rec.eval_pass_rate or 0):5.1f}%  {elapsed:6.1f} s"
+        )
 
 
 def write_report(report: RunReport, out_dir: Path) -> Path:

@@ -18,11 +18,17 @@ from rlsched.model.tokenizer import ByteTokenizer
 
 def test_save_then_load_round_trips_bf16_values(tmp_path: Path, tiny_model: LlamaForCausalLM) -> None:
     out = save_checkpoint(tiny_model, ByteTokenizer(), load_template("chatml"), tmp_path / "ck")
-    expected = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                "chat_template.jinja", "generation_config.json"}
+    expected = {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    }
     assert expected <= {p.name for p in out.iterdir()}
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (not a dict)
         assert f.metadata() == {"format": "pt"}
     loaded = load_checkpoint(out)
     for name, p in tiny_model.state_dict().items():

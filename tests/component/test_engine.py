@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlsched.engine.protocol import FinishReason, GenerationRequest, RequestId, RequestRejected, SamplingParams
+from rlsched.engine.protocol import (
+    FinishReason,
+    GenerationRequest,
+    RequestId,
+    RequestRejected,
+    SamplingParams,
+)
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.llama import LlamaForCausalLM
 from rlsched.model.tokenizer import ByteTokenizer
@@ -14,7 +20,9 @@ TOK = ByteTokenizer()
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
-def req(i: int, params: SamplingParams = GREEDY, prompt: str | None = None, **kw: object) -> GenerationRequest:
+def req(
+    i: int, params: SamplingParams = GREEDY, prompt: str | None = None, **kw: object
+) -> GenerationRequest:
     text = prompt if prompt is not None else f"prompt number {i}:" + "x" * (i % 5)
     return GenerationRequest(RequestId(str(i)), tuple(TOK.encode(text)), params, **kw)  # type: ignore[arg-type]
 
@@ -61,7 +69,9 @@ def test_max_tokens_gives_length(engine: TorchRolloutEngine) -> None:
 def test_stop_token_gives_stop_and_is_kept_in_ids(engine: TorchRolloutEngine) -> None:
     (free,) = engine.generate([req(0, SamplingParams(temperature=0.0, max_tokens=12))])
     stop_tok = free.token_ids[3]
-    (s,) = engine.generate([req(0, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=(stop_tok,)))])
+    (s,) = engine.generate(
+        [req(0, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=(stop_tok,)))]
+    )
     assert s.finish_reason is FinishReason.STOP and s.stop_reason == stop_tok
     assert s.token_ids[-1] == stop_tok and s.token_ids == free.token_ids[: len(s.token_ids)]
 
@@ -102,7 +112,9 @@ def test_top_k_one_is_greedy(engine: TorchRolloutEngine) -> None:
     assert g.token_ids == k1.token_ids
 
 
-def test_logprobs_are_the_raw_model_distribution(engine: TorchRolloutEngine, tiny_model: LlamaForCausalLM) -> None:
+def test_logprobs_are_the_raw_model_distribution(
+    engine: TorchRolloutEngine, tiny_model: LlamaForCausalLM
+) -> None:
     (s,) = engine.generate([req(0, SamplingParams(temperature=0.7, max_tokens=6, seed=1))])
     seq = torch.tensor([[*s.prompt_ids, *s.token_ids]])
     with torch.no_grad():
@@ -126,7 +138,9 @@ def test_waves_larger_than_max_batch(tiny_model: LlamaForCausalLM) -> None:
     }
 
 
-def test_weights_load_with_version_and_checksum(engine: TorchRolloutEngine, tiny_model: LlamaForCausalLM) -> None:
+def test_weights_load_with_version_and_checksum(
+    engine: TorchRolloutEngine, tiny_model: LlamaForCausalLM
+) -> None:
     from rlsched.model.checkpoint import checksum, to_bf16_bytes
 
     blob = to_bf16_bytes(tiny_model)

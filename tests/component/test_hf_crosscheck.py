@@ -36,8 +36,9 @@ def test_tokenizer_and_chat_template_agree(exported: Path) -> None:
     for p in PROMPTS:
         msgs = [Message(role="user", content=p)]
         ours = ckpt.template.encode(ckpt.tokenizer, msgs)
-        theirs = hf_tok.apply_chat_template([m.model_dump() for m in msgs], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+        theirs = hf_tok.apply_chat_template(
+            [m.model_dump() for m in msgs], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         assert list(theirs) == ours
         assert hf_tok.encode(p, add_special_tokens=False) == ckpt.tokenizer.encode(p)
 
@@ -49,9 +50,15 @@ def test_greedy_continuation_matches_token_for_token(exported: Path) -> None:
         ids = ckpt.template.encode(ckpt.tokenizer, [Message(role="user", content=p)])
         n = 10
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                 min_new_tokens=n, pad_token_id=3)
-        theirs = tuple(out[0, len(ids):].tolist())
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                min_new_tokens=n,
+                pad_token_id=3,
+            )
+        theirs = tuple(out[0, len(ids) :].tolist())
         assert _greedy_rlsched(exported, ids, n) == theirs
 
 

@@ -36,10 +36,13 @@ def test_left_padding_does_not_change_logits(tiny_model: LlamaForCausalLM) -> No
 def test_parameter_names_follow_hugging_face() -> None:
     names = set(LlamaForCausalLM(LlamaConfig(num_hidden_layers=1)).state_dict())
     assert names == {
-        "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
         *(f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"),
         *(f"model.layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
-        "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
     }
 
 

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def rlsched(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -39,7 +40,9 @@ def test_generate_greedy_json() -> None:
     assert out["finish_reason"] in ("stop", "length")
     assert out["usage"]["prompt_tokens"] == 26
     assert out["usage"]["completion_tokens"] == len(out["token_ids"]) <= 6
-    again = json.loads(rlsched("generate", "--prompt", "123+456", "--greedy", "--max-tokens", "6", "--json").stdout)
+    again = json.loads(
+        rlsched("generate", "--prompt", "123+456", "--greedy", "--max-tokens", "6", "--json").stdout
+    )
     assert again["token_ids"] == out["token_ids"]
 
 
@@ -63,9 +66,22 @@ def test_model_export(tmp_path: Path) -> None:
 
 
 def test_run_tiny_job(tmp_path: Path) -> None:
-    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--set", "grpo.steps=2", "--set", "task.eval_size=64",
-                   "--set", "eval.curve_size=32", "--set", "eval.every_steps=1", "--set", "grpo.prompts_per_step=4",
-                   "--set", f"run.out_dir={tmp_path}")
+    proc = rlsched(
+        "run",
+        "configs/jobs/quickstart.yaml",
+        "--set",
+        "grpo.steps=2",
+        "--set",
+        "task.eval_size=64",
+        "--set",
+        "eval.curve_size=32",
+        "--set",
+        "eval.every_steps=1",
+        "--set",
+        "grpo.prompts_per_step=4",
+        "--set",
+        f"run.out_dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "before" in proc.stdout and "after" in proc.stdout
     report = json.loads((tmp_path / "report.json").read_text())
@@ -84,7 +100,9 @@ def test_malformed_yaml(tmp_path: Path) -> None:
 def test_unknown_key_and_wrong_type_together(tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text("grpo:\n  learning_rate: 0.1\n  steps: many\n")
-    assert_user_error(rlsched("run", str(f)), "grpo.learning_rate", "unknown key", "grpo.steps", "2 problem(s)")
+    assert_user_error(
+        rlsched("run", str(f)), "grpo.learning_rate", "unknown key", "grpo.steps", "2 problem(s)"
+    )
 
 
 def test_bad_set_override() -> None:
@@ -98,8 +116,9 @@ def test_missing_config_file() -> None:
 def test_missing_checkpoint_file(tmp_path: Path) -> None:
     rlsched("model", "export", str(tmp_path / "ck"))
     (tmp_path / "ck" / "tokenizer.json").unlink()
-    assert_user_error(rlsched("generate", "--prompt", "1+1", "--checkpoint", str(tmp_path / "ck")),
-                      "missing tokenizer.json")
+    assert_user_error(
+        rlsched("generate", "--prompt", "1+1", "--checkpoint", str(tmp_path / "ck")), "missing tokenizer.json"
+    )
 
 
 def test_unknown_template() -> None:

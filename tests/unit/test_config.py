@@ -40,8 +40,9 @@ def test_defaults_come_from_code_and_yaml_only_overrides(tmp_path: Path) -> None
 
 
 def test_set_overrides_parse_scalars() -> None:
-    cfg = load_config(None, ["grpo.steps=7", "engine.use_cache=false", "sampling.temperature=0.5",
-                             "run.out_dir=/tmp/x"])
+    cfg = load_config(
+        None, ["grpo.steps=7", "engine.use_cache=false", "sampling.temperature=0.5", "run.out_dir=/tmp/x"]
+    )
     assert (cfg.grpo.steps, cfg.engine.use_cache, cfg.sampling.temperature) == (7, False, 0.5)
     assert str(cfg.run.out_dir) == "/tmp/x"
 

@@ -24,13 +24,26 @@ def b(text: str) -> list[int]:
 
 def test_chatml_tokens_exactly() -> None:
     ids = load_template("chatml").encode(TOK, CONVERSATION)
-    expected = (
-        [IM_START_ID] + b("system\nBe terse.") + [IM_END_ID] + b("\n")
-        + [IM_START_ID] + b("user\n2+2?") + [IM_END_ID] + b("\n")
-        + [IM_START_ID] + b("assistant\n4") + [IM_END_ID] + b("\n")
-        + [IM_START_ID] + b("user\né?") + [IM_END_ID] + b("\n")
-        + [IM_START_ID] + b("assistant\n")
-    )
+    expected = [
+        IM_START_ID,
+        *b("system\nBe terse."),
+        IM_END_ID,
+        *b("\n"),
+        IM_START_ID,
+        *b("user\n2+2?"),
+        IM_END_ID,
+        *b("\n"),
+        IM_START_ID,
+        *b("assistant\n4"),
+        IM_END_ID,
+        *b("\n"),
+        IM_START_ID,
+        *b("user\né?"),
+        IM_END_ID,
+        *b("\n"),
+        IM_START_ID,
+        *b("assistant\n"),
+    ]
     assert ids == expected
 
 
@@ -84,7 +97,9 @@ def test_bad_templates_and_messages() -> None:
     with pytest.raises(ValueError, match="seps"):
         ConvTemplate(name="x", roles={"user": "u", "assistant": "a"}, seps=())
     with pytest.raises(UserError, match="may only come first"):
-        load_template("chatml").render([Message(role="user", content="a"), Message(role="system", content="b")])
+        load_template("chatml").render(
+            [Message(role="user", content="a"), Message(role="system", content="b")]
+        )
     with pytest.raises(UserError, match="not valid JSON"):
         parse_messages("[{")
     with pytest.raises(UserError, match="role"):
