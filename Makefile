@@ -31,6 +31,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy rlsched verifiers
 	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/config.py rlsched/engine/protocol.py verifiers
 
 bench: setup

@@ -176,6 +176,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+        cache: KVCache | None,
+        index: int,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, mask, cache, index)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class LlamaBody(nn.Module):
     """HF's `model.` prefix: embeddings, layers, final norm."""
@@ -226,8 +237,7 @@ class LlamaForCausalLM(nn.Module):
         mask = _attention_mask(b, t, key_valid, cache)
         cos_sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos_sin, mask, cache, i)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, cos_sin, mask, cache, i)
         if cache is not None:
             cache.length += t
         return self.lm_head(self.model.norm(x))
