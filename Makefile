@@ -1,4 +1,6 @@
 # Two commands for a fresh clone: `make run` and `make test`. Both set up .venv first if needed.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlsched-installed
@@ -7,6 +9,8 @@ STAMP  := $(VENV)/.rlsched-installed
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
 CONFIG ?= configs/jobs/quickstart.yaml
 PYTEST_ARGS ?=
+# pip on some machines warns once per package about unreachable local index folders; hide only that
+PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 .PHONY: setup run test test-fast lint bench clean-venv
 
@@ -15,9 +19,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "setting up $(VENV) (first time: a few minutes)"
-	@$(PY) -m pip install -q --upgrade pip
-	@$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)",true)
-	@$(PY) -m pip install -q -e ".[dev]"
+	@$(PY) -m pip install -q --upgrade pip $(PIP_FILTER)
+	@$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(PIP_FILTER),true)
+	@$(PY) -m pip install -q -e ".[dev]" $(PIP_FILTER)
 	@touch $(STAMP)
 
 run: setup

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from rlsched.errors import UserError
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
 
 
@@ -35,22 +35,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     import torch
 
-    from rlsched.rl.loop import GRPOLoop, write_report
+    from rlsched.rl.loop import GRPOLoop, write_outputs
 
     torch.set_num_threads(cfg.run.threads)
     console.print(
         f"[bold]rlsched run[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "
         f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per step, "
-        f"at most {cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s)"
+        f"at most {cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s); every "
+        f"{cfg.eval.every_steps} steps, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
     loop = GRPOLoop(cfg, log=console.print)
     report = loop.run()
-    path = write_report(report, cfg.run.out_dir)
+    path, ckpt = write_outputs(loop, report, cfg.run.out_dir)
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
         f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
         f"{len(report.steps)} steps, {report.update_s:.0f} s training, {report.wall_s:.0f} s total; "
-        f"report: {path}"
+        f"report: {path}; trained checkpoint: {ckpt}"
     )
     return 0
 

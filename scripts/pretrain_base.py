@@ -3,10 +3,13 @@
     .venv/bin/python scripts/pretrain_base.py [--steps N] [--out DIR] [--seed S]
 
 Supervised next-token training on the assistant's answer tokens only (prompt rendered with the
-ChatML template). Deterministic for a seed on one machine. Prints the loss and the held-out greedy
-pass rate as it goes, so the plateau is visible: once the model imitates the teacher, more steps
-no longer move the greedy pass rate, while its sampled answers are still right on about 40% of
-carry problems. Writes the checkpoint directory (default: the package's `rlsched/model/base/`).
+ChatML template), 1,000 steps of 128 problems, AdamW with warm-up and cosine decay. Deterministic:
+two runs on this machine wrote byte-identical weights. About 4 minutes on 2 cores. Prints the loss,
+and on 256 held-out problems the greedy pass rate and the sampled pass rate (overall and on carry
+problems), then the greedy pass rate on all 1,024. The shipped base ends at 16.1% greedy (3.0% on
+carry problems): it follows the teacher's majority and forgets carries. More supervised steps on the
+same data do not fix that (`scripts/bench_rl_vs_sft.py`). Writes the checkpoint directory (default:
+the package's `rlsched/model/base/`) with `pretrain_log.json` beside it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
@@ -94,7 +97,11 @@ def main() -> None:
     out = save_checkpoint(model, tok, template, args.out)
     (out / "pretrain_log.json").write_text(
         json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "carry_drop": CARRY_DROP, "log": log},
+            {
+                "args": {k: str(v) for k, v in vars(args).items() if k != "out"},
+                "carry_drop": CARRY_DROP,
+                "log": log,
+            },
             indent=1,
         )
     )

@@ -140,9 +140,12 @@ class TorchRolloutEngine:
         rows = [self._new_row(r) for r in reqs]
         samplers = RowSamplers.build([r.params for r in reqs], self._generator)
         prefix = max(r.prefix_len for r in rows)
-        budget = max(r.req.params.max_tokens - len(r.req.resume_ids) for r in rows)
-        slots = min(prefix + max(budget, 0), self.context_length)
-        logits, cache = self._prefill(rows, prefix, slots)
+        # decode steps this wave can take: each row stops at its max_tokens or at the context's end
+        steps = max(
+            min(r.req.params.max_tokens - len(r.req.resume_ids), self.context_length - r.prefix_len)
+            for r in rows
+        )
+        logits, cache = self._prefill(rows, prefix, prefix + max(steps, 0))
         for i, row in enumerate(rows):
             self._resume_logprobs(row, logits[i], prefix)
         last = logits[:, -1]
@@ -194,7 +197,7 @@ class TorchRolloutEngine:
         if not self.use_cache:
             return self.model(ids, positions=positions, key_valid=valid), _Recompute(ids, valid, positions)
         dtype = next(self.model.parameters()).dtype
-        cache = KVCache(self.model.config, b, max(slots, prefix), dtype)
+        cache = KVCache(self.model.config, b, slots, dtype)
         cache.valid[:, :prefix] = valid
         return self.model(ids, positions=positions, cache=cache), cache
 

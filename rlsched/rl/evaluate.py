@@ -32,11 +32,10 @@ def evaluate(
     *,
     max_tokens: int = 8,
     temperature: float = 0.0,
-    seed: int = 0,
 ) -> EvalResult:
     """Greedy (by default) pass@1 over `problems`, judged by the exact-answer verifier."""
     params = SamplingParams(
-        temperature=temperature, max_tokens=max_tokens, stop_token_ids=template.stop_token_ids, seed=None
+        temperature=temperature, max_tokens=max_tokens, stop_token_ids=template.stop_token_ids
     )
     requests = [
         GenerationRequest(RequestId(str(i)), tuple(template.encode(tokenizer, p.messages())), params)

@@ -25,8 +25,9 @@ import torch
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine
-from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes
+from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, save_checkpoint, to_bf16_bytes
 from rlsched.model.llama import LlamaForCausalLM
+from rlsched.model.template import load_template
 from rlsched.rl.batching import pack, token_logprobs
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats, group_advantages, grpo_loss
@@ -91,7 +92,7 @@ class GRPOLoop:
             use_cache=cfg.engine.use_cache,
             seed=cfg.run.seed,
         )
-        self.template = self.ckpt.template
+        self.template = load_template(cfg.model.template) if cfg.model.template else self.ckpt.template
         self.task = AdditionTask(cfg.task.digits, cfg.task.eval_size, cfg.task.seed)
         self.verifier = verifier or ExactAnswerVerifier()
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
@@ -134,15 +135,13 @@ class GRPOLoop:
             attempt += 1
 
     def generate_and_verify(
-        self, problems: list[Problem]
+        self, requests: list[GenerationRequest], references: dict[RequestId, str]
     ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
-        requests = self.request_samples(problems)
         samples: dict[RequestId, Sample] = {}
         outcomes: dict[RequestId, Outcome] = {}
         for sample in self.engine.generate(requests):  # each sample is judged the moment it exists
             samples[sample.request_id] = sample
-            problem = problems[int(sample.request_id.split("-")[1])]
-            outcomes[sample.request_id] = self.verify(sample, problem.answer)
+            outcomes[sample.request_id] = self.verify(sample, references[sample.request_id])
         return samples, outcomes
 
     def assemble(
@@ -214,11 +213,13 @@ class GRPOLoop:
         phase: dict[str, float] = {}
         t = time.monotonic()
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
-        requests = [r.request_id for r in self.request_samples(problems)]
-        samples, outcomes = self.generate_and_verify(problems)
+        requests = self.request_samples(problems)
+        g = self.cfg.grpo.group_size
+        references = {r.request_id: problems[i // g].answer for i, r in enumerate(requests)}
+        samples, outcomes = self.generate_and_verify(requests, references)
         phase["generate_verify"] = time.monotonic() - t
         t = time.monotonic()
-        kept, adv, faults = self.assemble(requests, samples, outcomes)
+        kept, adv, faults = self.assemble([r.request_id for r in requests], samples, outcomes)
         self._set_lr(step)
         stats = self.update(kept, adv) if kept else LossStats(0.0, 0.0, 0.0, 1.0)
         phase["update"] = time.monotonic() - t
@@ -277,8 +278,10 @@ class GRPOLoop:
         )
 
 
-def write_report(report: RunReport, out_dir: Path) -> Path:
+def write_outputs(loop: GRPOLoop, report: RunReport, out_dir: Path) -> tuple[Path, Path]:
+    """`report.json` and the trained policy as a checkpoint directory (`rlsched generate --checkpoint`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
     path.write_text(json.dumps(report.to_json(), indent=1))
-    return path
+    ckpt = save_checkpoint(loop.policy, loop.ckpt.tokenizer, loop.template, out_dir / "checkpoint")
+    return path, ckpt

@@ -148,3 +148,12 @@ def test_weights_load_with_version_and_checksum(
     assert copy.load_weights(blob, 5) == checksum(blob)  # type: ignore[arg-type]
     (s,) = copy.generate([req(0)])
     assert s.weight_version == 5
+
+
+def test_rows_of_very_different_lengths_each_stop_at_their_own_limit(engine: TorchRolloutEngine) -> None:
+    context = engine.context_length
+    long = req(0, SamplingParams(temperature=0.0, max_tokens=50), prompt="z" * (context - 6))
+    short = req(1, SamplingParams(temperature=0.0, max_tokens=50), prompt="z" * 5)
+    out = {s.request_id: s for s in engine.generate([long, short])}
+    assert out["0"].finish_reason is FinishReason.LENGTH and out["0"].num_tokens == 6  # the context is full
+    assert out["1"].finish_reason is FinishReason.LENGTH and out["1"].num_tokens == 50

@@ -86,6 +86,8 @@ def test_run_tiny_job(tmp_path: Path) -> None:
     assert "before" in proc.stdout and "after" in proc.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["steps"]) == 2 and report["before"]["total"] == 64
+    trained = rlsched("generate", "--prompt", "1+1", "--checkpoint", str(tmp_path / "checkpoint"), "--greedy")
+    assert trained.returncode == 0, trained.stderr
 
 
 # -- bad input: one paragraph, exit 2, no traceback ----------------------------------------------------
@@ -133,3 +135,16 @@ def test_prompt_longer_than_context() -> None:
 @pytest.mark.parametrize("messages", ["not json", '{"role": "user"}', '[{"role": "user"}]'])
 def test_bad_messages(messages: str) -> None:
     assert_user_error(rlsched("template", "render", "chatml", "--messages", messages), "messages")
+
+
+def test_unknown_template_in_config() -> None:
+    assert_user_error(
+        rlsched("run", "configs/jobs/quickstart.yaml", "--set", "model.template=vicuna"), "vicuna"
+    )
+
+
+def test_missing_checkpoint_directory_in_config() -> None:
+    assert_user_error(
+        rlsched("run", "configs/jobs/quickstart.yaml", "--set", "model.checkpoint=/no/such/dir"),
+        "does not exist",
+    )
