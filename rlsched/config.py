@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import ErrorDetails
 
 from rlsched.errors import UserError
+from rlsched.policy.verify import DispatchPolicy
 
 
 class _Section(BaseModel):
@@ -71,6 +72,46 @@ class EvalConfig(_Section):
     curve_size: int = Field(256, ge=16, description="eval problems per curve point (before/after use all)")
 
 
+class PlacementStrategy(StrEnum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class ClusterConfig(_Section):
+    """The embedded local Ray cluster started when no `--address` is given (logical resources)."""
+
+    num_cpus: int = Field(8, ge=1, description="logical CPUs; they need not exist physically")
+    num_gpus: int = Field(0, ge=0)
+    object_store_mb: int = Field(256, ge=64)
+
+
+class TrainerConfig(_Section):
+    ranks: int = Field(2, ge=1, description="training ranks, reserved together in one placement group")
+    cpus_per_rank: float = Field(1.0, gt=0)
+    gpus_per_rank: float = Field(0.0, ge=0)
+    placement_strategy: PlacementStrategy = PlacementStrategy.STRICT_PACK
+    placement_timeout_s: float = Field(30.0, gt=0, description="wait this long for the gang, then fail")
+
+
+class RolloutConfig(_Section):
+    instances: int = Field(2, ge=1)
+    cpus_per_instance: float = Field(1.0, gt=0)
+    max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")
+
+
+class VerifierConfig(_Section):
+    workers: int = Field(2, ge=1)
+    cpus_per_worker: float = Field(0.5, gt=0)
+    delay_s: float = Field(0.0, ge=0, description="extra seconds per verification (benchmarks)")
+    dispatch: DispatchPolicy = DispatchPolicy.FIFO
+
+
+class ScheduleConfig(_Section):
+    overlap: bool = Field(True, description="verify while generating; false = the sequential baseline")
+
+
 class RunConfig(_Section):
     seed: int = 0
     threads: int = Field(2, ge=1)
@@ -85,6 +126,11 @@ class JobConfig(_Section):
     grpo: GRPOConfig = GRPOConfig()
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:

@@ -43,13 +43,19 @@ def grpo_loss(
     clip_high: float = 0.28,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_count: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """All tensors [B, T] except `advantages` [B]; `mask` marks completion tokens."""
+    """All tensors [B, T] except `advantages` [B]; `mask` marks completion tokens.
+
+    `token_count` is the number of completion tokens the mean is taken over; by default this batch's.
+    Data-parallel ranks pass the whole batch's count so that their summed gradients are the gradient
+    of one token-level mean.
+    """
     adv = advantages[:, None]
     ratio = torch.exp(new_logp - old_logp)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     surrogate = torch.minimum(ratio * adv, clipped * adv)
-    tokens = mask.sum().clamp(min=1.0)
+    tokens = mask.sum().clamp(min=1.0) if token_count is None else torch.tensor(max(token_count, 1.0))
     loss = -(surrogate * mask).sum() / tokens
     kl = torch.zeros(())
     if ref_logp is not None and kl_coef > 0:

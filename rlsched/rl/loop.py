@@ -28,10 +28,10 @@ from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, save_checkpoint, to_bf16_bytes
 from rlsched.model.llama import LlamaForCausalLM
 from rlsched.model.template import load_template
-from rlsched.rl.batching import pack, token_logprobs
 from rlsched.rl.evaluate import EvalResult, evaluate
-from rlsched.rl.grpo import LossStats, group_advantages, grpo_loss
+from rlsched.rl.grpo import LossStats, group_advantages
 from rlsched.rl.task import AdditionTask, Problem
+from rlsched.rl.update import TrainItem, grpo_update
 from verifiers.exact_answer import ExactAnswerVerifier
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest, run_verifier
 
@@ -166,33 +166,11 @@ class GRPOLoop:
         return kept, adv, faults
 
     def update(self, samples: list[Sample], advantages: torch.Tensor) -> LossStats:
-        batch = pack(
-            [s.prompt_ids for s in samples], [s.token_ids for s in samples], self.policy.config.pad_token_id
-        )
-        old = torch.zeros_like(batch.loss_mask)
-        for i, (s, sl) in enumerate(zip(samples, batch.completion_slices, strict=True)):
-            old[i, sl] = torch.tensor(s.logprobs)
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = token_logprobs(self.reference(batch.input_ids), batch.targets)
-        new = token_logprobs(self.policy(batch.input_ids), batch.targets)
-        gcfg = self.cfg.grpo
-        loss, stats = grpo_loss(
-            new,
-            old,
-            advantages,
-            batch.loss_mask,
-            clip_low=gcfg.clip_low,
-            clip_high=gcfg.clip_high,
-            ref_logp=ref,
-            kl_coef=gcfg.kl_coef,
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), gcfg.max_grad_norm)
-        self.optimizer.step()
-        return stats
+        items = [
+            TrainItem(s.prompt_ids, s.token_ids, s.logprobs, float(a))
+            for s, a in zip(samples, advantages.tolist(), strict=True)
+        ]
+        return grpo_update(self.policy, self.optimizer, items, self.cfg.grpo, reference=self.reference)
 
     def publish(self) -> str:
         """The new version's BF16 bytes go to the engine, as they will go to remote instances."""
