@@ -1,0 +1,395 @@
+"""The job controller: one RL iteration as numbered phases over the Ray actors.
+
+1. `request_samples`      - group_size samples per prompt, spread over the READY instances;
+2. `generate_and_verify`  - every finished sample is handed to the dispatch policy the moment it
+                            arrives (`rlsched.policy.verify.decide`) and verified while generation
+                            goes on; `schedule.overlap: false` waits for all samples first (the
+                            sequential baseline);
+3. `assemble`             - group-relative advantages over fully judged groups at an allowed version;
+4. `update`               - the training group's GRPO step (all ranks, gradients all-reduced);
+5. `publish`              - rank 0's new BF16 version into the object store;
+6. `reload`               - every instance loads it and confirms the checksum;
+7. `commit`               - the iteration record appended to metrics.jsonl and fsync'ed.
+
+The controller runs in the driver and holds only handles and bookkeeping; every span it records is
+on its own clock (request sent -> sample arrived, dispatched -> outcome received).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from actors.rollout import RolloutInstance
+from actors.trainer import TrainingGroup
+from actors.verifier import VerifierWorker
+from rlsched.config import JobConfig
+from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams
+from rlsched.metrics.spans import Span, SpanKind
+from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.template import load_template
+from rlsched.policy.verify import (
+    BatchId,
+    Dispatch,
+    PendingVerification,
+    TaskId,
+    VerifyParams,
+    VerifySnapshot,
+    WorkerId,
+    WorkerSlot,
+    decide,
+)
+from rlsched.rl.evaluate import EvalResult
+from rlsched.rl.grpo import group_advantages
+from rlsched.rl.task import AdditionTask, Problem
+from rlsched.rl.update import TrainItem
+from verifiers.exact_answer import ExactAnswerVerifier
+from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, run_verifier
+
+
+@dataclass
+class IterationRecord:
+    iteration: int
+    version: int  # the weight version the samples were generated with
+    samples: int
+    used: int  # samples that went into the update
+    stale_dropped: int
+    faults: int
+    reward_mean: float
+    pass_rate: float
+    tokens: int
+    loss: float
+    eval_pass_rate: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Inflight:
+    task: PendingVerification
+    worker: WorkerId
+    dispatched: float
+
+
+class JobController:
+    def __init__(self, cfg: JobConfig, log: Callable[[str], None] = print) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.clock = time.monotonic
+        self.spans: list[Span] = []
+        ckpt = load_checkpoint(cfg.model.checkpoint)
+        self.tokenizer = ckpt.tokenizer
+        self.template = load_template(cfg.model.template) if cfg.model.template else ckpt.template
+        self.task = AdditionTask(cfg.task.digits, cfg.task.eval_size, cfg.task.seed)
+        self.train_stream = self.task.train_problems(random.Random(cfg.run.seed))
+        self.sampling = SamplingParams(
+            temperature=cfg.sampling.temperature,
+            top_p=cfg.sampling.top_p,
+            top_k=cfg.sampling.top_k,
+            max_tokens=cfg.sampling.max_tokens,
+            stop_token_ids=self.template.stop_token_ids,
+        )
+        checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
+        self.group = TrainingGroup(cfg.trainer, cfg.grpo, checkpoint, cfg.run.seed)
+        self.instances = {
+            f"rollout-{i}": RolloutInstance.options(num_cpus=cfg.rollout.cpus_per_instance).remote(
+                f"rollout-{i}", checkpoint, cfg.engine.max_batch, cfg.engine.use_cache, cfg.run.seed + i
+            )
+            for i in range(cfg.rollout.instances)
+        }
+        self.workers = {
+            WorkerId(f"verifier-{k}"): VerifierWorker.options(num_cpus=cfg.verifier.cpus_per_worker).remote(
+                f"verifier-{k}", cfg.verifier.delay_s
+            )
+            for k in range(cfg.verifier.workers)
+        }
+        self.version = 0
+        self.reload(*self.group.publish(0), iteration=0)
+
+    # -- phases ----------------------------------------------------------------------------------
+
+    def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, str]]:
+        g = self.cfg.grpo.group_size
+        problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
+        prompts = self.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
+        requests = [
+            GenerationRequest(RequestId(f"{iteration}-{i}-{k}"), tuple(prompts[i]), self.sampling)
+            for i in range(len(problems))
+            for k in range(g)
+        ]
+        references = {r.request_id: problems[n // g].answer for n, r in enumerate(requests)}
+        return requests, references
+
+    def generate_and_verify(
+        self, iteration: int, requests: list[GenerationRequest], references: dict[RequestId, str]
+    ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
+        start = self.clock()
+        names = list(self.instances)
+        chunks = {n: requests[i :: len(names)] for i, n in enumerate(names)}
+        streams = {
+            self.instances[n].generate.options(num_returns="streaming").remote(chunk): n
+            for n, chunk in chunks.items()
+            if chunk
+        }
+        samples: dict[RequestId, Sample] = {}
+        outcomes: dict[RequestId, Outcome] = {}
+        pending: dict[TaskId, PendingVerification] = {}
+        inflight: dict[ray.ObjectRef, _Inflight] = {}
+        busy: dict[WorkerId, TaskId | None] = {w: None for w in self.workers}
+        while streams or pending or inflight:
+            if self.cfg.schedule.overlap or not streams:
+                self._dispatch(pending, inflight, busy, references, samples)
+            ready, _ = ray.wait([*streams, *inflight], num_returns=1)
+            for ref in ready:
+                if ref in streams:
+                    self._on_sample(iteration, ref, streams, start, samples, pending)
+                else:
+                    self._on_outcome(iteration, inflight.pop(ref), ref, busy, pending, outcomes)
+        return samples, outcomes
+
+    def _on_sample(
+        self,
+        iteration: int,
+        stream: Any,
+        streams: dict[Any, str],
+        start: float,
+        samples: dict[RequestId, Sample],
+        pending: dict[TaskId, PendingVerification],
+    ) -> None:
+        try:
+            sample: Sample = ray.get(next(stream))
+        except StopIteration:
+            del streams[stream]
+            return
+        now = self.clock()
+        samples[sample.request_id] = sample
+        self.spans.append(
+            Span(
+                SpanKind.GENERATE,
+                sample.request_id,
+                start,
+                now,
+                iteration,
+                {"lane": streams[stream], "tokens": sample.num_tokens, "version": int(sample.weight_version)},
+            )
+        )
+        task = TaskId(sample.request_id)
+        pending[task] = PendingVerification(task, BatchId(f"iter-{iteration}"), arrival=now)
+
+    def _dispatch(
+        self,
+        pending: dict[TaskId, PendingVerification],
+        inflight: dict[ray.ObjectRef, _Inflight],
+        busy: dict[WorkerId, TaskId | None],
+        references: dict[RequestId, str],
+        samples: dict[RequestId, Sample],
+    ) -> None:
+        if not pending:
+            return
+        snapshot = VerifySnapshot(tuple(pending.values()), tuple(WorkerSlot(w, t) for w, t in busy.items()))
+        for decision in decide(snapshot, self.clock(), VerifyParams(self.cfg.verifier.dispatch)):
+            if not isinstance(decision, Dispatch):
+                continue
+            task = pending.pop(decision.task_id)
+            rid = RequestId(task.task_id)
+            ref = self.workers[decision.worker_id].verify.remote(
+                VerifyRequest(rid, samples[rid].text, references[rid], task.attempt)
+            )
+            busy[decision.worker_id] = task.task_id
+            inflight[ref] = _Inflight(task, decision.worker_id, self.clock())
+
+    def _on_outcome(
+        self,
+        iteration: int,
+        job: _Inflight,
+        ref: ray.ObjectRef,
+        busy: dict[WorkerId, TaskId | None],
+        pending: dict[TaskId, PendingVerification],
+        outcomes: dict[RequestId, Outcome],
+    ) -> None:
+        now = self.clock()
+        try:
+            outcome, w_start, _ = ray.get(ref)
+        except ray.exceptions.RayError as err:  # the worker itself died: an execution fault
+            outcome, w_start = ExecutionFault(job.task.task_id, FaultKind.CRASH, repr(err)), now
+        busy[job.worker] = None  # the occupant's exit has been observed: the slot is free again
+        self.spans.append(
+            Span(
+                SpanKind.VERIFY,
+                job.task.task_id,
+                job.dispatched,
+                now,
+                iteration,
+                {
+                    "lane": job.worker,
+                    "attempt": job.task.attempt,
+                    "queued_s": round(job.dispatched - job.task.arrival, 6),
+                    "start_delay_s": round(w_start - job.task.arrival, 6),
+                    "outcome": type(outcome).__name__,
+                },
+            )
+        )
+        rid = RequestId(job.task.task_id)
+        if isinstance(outcome, ExecutionFault) and job.task.attempt < self.cfg.grpo.verify_retries:
+            retry = PendingVerification(
+                job.task.task_id, job.task.batch_id, job.task.arrival, job.task.attempt + 1
+            )
+            pending[retry.task_id] = retry
+            return
+        outcomes[rid] = outcome
+
+    def assemble(
+        self,
+        requests: list[GenerationRequest],
+        samples: dict[RequestId, Sample],
+        outcomes: dict[RequestId, Outcome],
+    ) -> tuple[list[TrainItem], dict[str, int]]:
+        """Fully judged groups whose samples all come from an allowed version; advantages per group."""
+        g = self.cfg.grpo.group_size
+        oldest = self.version - self.cfg.rollout.max_staleness
+        items: list[TrainItem] = []
+        counts = {"faults": 0, "stale_dropped": 0}
+        for start in range(0, len(requests), g):
+            group = [r.request_id for r in requests[start : start + g]]
+            judged = [outcomes.get(r) for r in group]
+            if not all(isinstance(o, Verdict) for o in judged):
+                counts["faults"] += sum(isinstance(o, ExecutionFault) for o in judged)
+                continue
+            if any(samples[r].weight_version < oldest for r in group):
+                counts["stale_dropped"] += len(group)
+                continue
+            rewards = [o.reward for o in judged if isinstance(o, Verdict)]
+            adv = group_advantages(torch.tensor([rewards]))[0].tolist()
+            items.extend(
+                TrainItem(samples[r].prompt_ids, samples[r].token_ids, samples[r].logprobs, a)
+                for r, a in zip(group, adv, strict=True)
+            )
+        return items, counts
+
+    def update(self, iteration: int, items: list[TrainItem]) -> float:
+        stats, start, end = self.group.update(items)
+        self.spans.append(
+            Span(
+                SpanKind.UPDATE,
+                f"update-{iteration}",
+                start,
+                end,
+                iteration,
+                {"lane": "trainer", "samples": len(items)},
+            )
+        )
+        return stats.loss
+
+    def publish(self, iteration: int) -> tuple[Any, Any]:
+        start = self.clock()
+        blob_ref, meta = self.group.publish(self.version + 1)
+        self.spans.append(
+            Span(
+                SpanKind.PUBLISH,
+                f"v{meta.version}",
+                start,
+                self.clock(),
+                iteration,
+                {"lane": "trainer", "bytes": meta.nbytes, "checksum": meta.checksum[:16]},
+            )
+        )
+        return blob_ref, meta
+
+    def reload(self, blob_ref: Any, meta: Any, iteration: int) -> None:
+        results = ray.get(
+            [inst.load.remote(blob_ref, meta.version, meta.checksum) for inst in self.instances.values()]
+        )
+        for name, (_state, start, end) in zip(self.instances, results, strict=True):
+            self.spans.append(
+                Span(
+                    SpanKind.LOAD,
+                    f"{name}-v{meta.version}",
+                    start,
+                    end,
+                    iteration,
+                    {"lane": name, "version": meta.version},
+                )
+            )
+        self.version = meta.version
+
+    def run_iteration(self, iteration: int) -> IterationRecord:
+        """One iteration, phase by phase; its spans are recorded as it goes."""
+        start = self.clock()
+        requests, references = self.request_samples(iteration)  # 1
+        samples, outcomes = self.generate_and_verify(iteration, requests, references)  # 2
+        items, counts = self.assemble(requests, samples, outcomes)  # 3
+        version = self.version
+        loss = self.update(iteration, items)  # 4
+        blob_ref, meta = self.publish(iteration)  # 5
+        self.reload(blob_ref, meta, iteration)  # 6
+        self.spans.append(
+            Span(
+                SpanKind.ITERATION,
+                f"iter-{iteration}",
+                start,
+                self.clock(),
+                iteration,
+                {"lane": "controller"},
+            )
+        )
+        verdicts = [o for o in outcomes.values() if isinstance(o, Verdict)]
+        return IterationRecord(  # 7: the caller commits it
+            iteration=iteration,
+            version=version,
+            samples=len(samples),
+            used=len(items),
+            stale_dropped=counts["stale_dropped"],
+            faults=counts["faults"],
+            reward_mean=sum(v.reward for v in verdicts) / max(len(verdicts), 1),
+            pass_rate=sum(v.correct for v in verdicts) / max(len(verdicts), 1),
+            tokens=sum(s.num_tokens for s in samples.values()),
+            loss=loss,
+            extra={"sample_versions": sorted({int(s.weight_version) for s in samples.values()})},
+        )
+
+    # -- evaluation and shutdown -----------------------------------------------------------------
+
+    def evaluate(self, problems: tuple[Problem, ...] | list[Problem]) -> EvalResult:
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=self.cfg.sampling.max_tokens,
+            stop_token_ids=self.template.stop_token_ids,
+        )
+        prompts = self.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
+        requests = [GenerationRequest(RequestId(str(i)), tuple(ids), params) for i, ids in enumerate(prompts)]
+        names = list(self.instances)
+        refs = [self.instances[n].complete.remote(requests[i :: len(names)]) for i, n in enumerate(names)]
+        verifier = ExactAnswerVerifier()
+        correct: dict[int, bool] = {}
+        for batch in ray.get(refs):
+            for s in batch:
+                i = int(s.request_id)
+                out = run_verifier(verifier, VerifyRequest(s.request_id, s.text, problems[i].answer))
+                correct[i] = isinstance(out, Verdict) and out.correct
+        carry = [i for i, p in enumerate(problems) if p.has_carry()]
+        return EvalResult(
+            sum(correct.values()) / len(problems),
+            sum(correct.values()),
+            len(problems),
+            sum(correct[i] for i in carry) / max(len(carry), 1),
+        )
+
+    def shutdown(self) -> None:
+        for handle in [*self.instances.values(), *self.workers.values()]:
+            ray.kill(handle)
+        self.group.shutdown()
+
+
+def commit_record(path: Path, line: str) -> None:
+    """Append one record and fsync before the next iteration counts (the iteration is the unit of commit)."""
+    with path.open("a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,164 @@
+"""Run an RL job on Ray: connect or start a cluster, check it can host the job, iterate, write outputs.
+
+Outputs in the run's directory: `metrics.jsonl` (one committed record per iteration: phase times,
+overlap, critical path, reward, pass rate, tokens/s, eval pass rate every k iterations),
+`timeline.json` (every span as a Chrome trace; open it in Perfetto) and `report.json` (before/after).
+Whatever happens, actors are ended, the placement group removed, and an embedded cluster stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.controller import IterationRecord, JobController, commit_record
+from rlsched.config import JobConfig
+from rlsched.errors import UserError
+from rlsched.metrics.spans import chrome_trace, phase_times
+from rlsched.rl.evaluate import EvalResult
+
+
+@dataclass
+class JobReport:
+    before: EvalResult
+    after: EvalResult
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def gain_points(self) -> float:
+        return 100 * (self.after.pass_rate - self.before.pass_rate)
+
+
+def required_resources(cfg: JobConfig) -> dict[str, float]:
+    cpus = (
+        cfg.trainer.ranks * cfg.trainer.cpus_per_rank
+        + cfg.rollout.instances * cfg.rollout.cpus_per_instance
+        + cfg.verifier.workers * cfg.verifier.cpus_per_worker
+    )
+    return {"CPU": cpus, "GPU": cfg.trainer.ranks * cfg.trainer.gpus_per_rank}
+
+
+def check_capacity(cfg: JobConfig) -> None:
+    """Refuse at once a job the cluster can never host, naming each resource that falls short."""
+    have = ray.cluster_resources()
+    short = [
+        f"{k}: the job needs {v:g}, the cluster has {have.get(k, 0.0):g}"
+        for k, v in required_resources(cfg).items()
+        if v > have.get(k, 0.0)
+    ]
+    if short:
+        raise UserError(
+            "the cluster cannot host this job (" + "; ".join(short) + "). Lower trainer.ranks, "
+            "rollout.instances or verifier.workers (or their per-actor resources), raise "
+            "cluster.num_cpus / cluster.num_gpus for the embedded cluster, or add nodes"
+        )
+
+
+def connect(cfg: JobConfig, address: str | None) -> bool:
+    """Join `address`, or start an embedded local cluster sized from the config. True if we started it."""
+    if ray.is_initialized():
+        return False
+    common: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
+    if address:
+        try:
+            ray.init(address=address, **common)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise UserError(
+                f"cannot connect to the Ray cluster at {address!r}: {err}. Check the address "
+                "(host:port of the head node's GCS, or 'auto') and that the cluster is up"
+            ) from None
+        return False
+    ray.init(
+        num_cpus=cfg.cluster.num_cpus,
+        num_gpus=cfg.cluster.num_gpus,
+        object_store_memory=cfg.cluster.object_store_mb << 20,
+        **common,
+    )
+    return True
+
+
+def iteration_line(rec: IterationRecord, times: dict[str, Any]) -> str:
+    ev = f"  eval {100 * rec.eval_pass_rate:5.1f}%" if rec.eval_pass_rate is not None else ""
+    return (
+        f"iter {rec.iteration:4d}  v{rec.version:<4d} reward {rec.reward_mean:.3f}  "
+        f"gen {times['t_generate']:5.2f}s  verify-exposed {times['t_verify_exposed']:5.2f}s  "
+        f"update {times['t_update']:5.2f}s  publish+load {times['t_publish'] + times['t_load']:5.2f}s  "
+        f"iter {times['t_iter']:5.2f}s  overlap {100 * times['overlap_fraction']:3.0f}%{ev}"
+    )
+
+
+def run_job(
+    cfg: JobConfig, out_dir: Path, address: str | None = None, log: Callable[[str], None] = print
+) -> JobReport:
+    started = connect(cfg, address)
+    controller: JobController | None = None
+    try:
+        check_capacity(cfg)
+        t0 = time.monotonic()
+        controller = JobController(cfg, log=log)
+        log(
+            f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
+            f"({cfg.trainer.placement_strategy.value}), {cfg.rollout.instances} rollout instances, "
+            f"{cfg.verifier.workers} verifier workers, overlap {'on' if cfg.schedule.overlap else 'off'}"
+        )
+        return _iterate(cfg, controller, out_dir, log)
+    finally:
+        if controller is not None:
+            controller.shutdown()
+        if started:
+            ray.shutdown()
+
+
+def _iterate(
+    cfg: JobConfig, controller: JobController, out_dir: Path, log: Callable[[str], None]
+) -> JobReport:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = out_dir / "metrics.jsonl"
+    metrics_path.write_text("")
+    start = time.monotonic()
+    before = controller.evaluate(controller.task.eval_problems)
+    log(f"held-out pass rate before: {before}")
+    rows: list[dict[str, Any]] = []
+    t_train = time.monotonic()
+    try:
+        for it in range(1, cfg.grpo.steps + 1):
+            if time.monotonic() - t_train > cfg.grpo.time_budget_s:
+                log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
+                break
+            rec = controller.run_iteration(it)
+            if it % cfg.eval.every_steps == 0:
+                rec.eval_pass_rate = controller.evaluate(
+                    controller.task.eval_problems[: cfg.eval.curve_size]
+                ).pass_rate
+            times = phase_times([s for s in controller.spans if s.iteration == it]).to_json()
+            tps = rec.tokens / times["t_generate"] if times["t_generate"] else 0.0
+            row = {**asdict(rec), **times, "tokens_per_s": round(tps, 1)}
+            commit_record(metrics_path, json.dumps(row))
+            rows.append(row)
+            if rec.eval_pass_rate is not None or it == 1:
+                log(iteration_line(rec, times))
+    finally:
+        (out_dir / "timeline.json").write_text(json.dumps(chrome_trace(controller.spans)))
+    after = controller.evaluate(controller.task.eval_problems)
+    log(f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)")
+    report = JobReport(before, after, rows, time.monotonic() - start)
+    (out_dir / "report.json").write_text(
+        json.dumps(
+            {
+                "before": asdict(before),
+                "after": asdict(after),
+                "gain_points": round(report.gain_points, 2),
+                "wall_s": round(report.wall_s, 2),
+                "iterations": len(rows),
+            },
+            indent=1,
+        )
+    )
+    return report

@@ -1,0 +1,162 @@
+"""The training group: N rank actors reserved all-or-nothing in one placement group, joined by
+torch.distributed (gloo on CPU, nccl on GPU), one GRPO update per iteration, rank 0 publishing.
+
+Every rank loads the same checkpoint, takes a shard of the batch, divides its loss by the whole
+batch's token count and all-reduces its gradients, so all ranks apply the same step and hold the same
+fp32 masters. Rank 0 then publishes the new version: BF16 safetensors bytes, their checksum and the
+version number; the bytes travel through Ray's object store (the gRPC weight service replaces that).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import torch
+import torch.distributed as dist
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlsched.config import GRPOConfig, TrainerConfig
+from rlsched.errors import UserError
+from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
+from rlsched.rl.grpo import LossStats
+from rlsched.rl.update import TrainItem, grpo_update
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    version: int
+    checksum: str
+    nbytes: int
+
+
+@ray.remote
+class TrainerRank:
+    def __init__(self, rank: int, world: int, checkpoint: str | None, grpo: GRPOConfig, seed: int) -> None:
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.rank, self.world, self.cfg = rank, world, grpo
+        ckpt = load_checkpoint(Path(checkpoint) if checkpoint else None)
+        self.policy = ckpt.model.train()
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=grpo.lr, weight_decay=0.0)
+        self.step = 0
+
+    def rendezvous_address(self) -> str:
+        """Rank 0's address for the process group: this node's IP and a free port."""
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ip}:{port}"
+
+    def join(self, init_method: str) -> int:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world)
+        return self.rank
+
+    def _reduce(self, model: torch.nn.Module) -> None:
+        if self.world > 1:
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+    def update(self, items: Sequence[TrainItem], token_count: float) -> tuple[LossStats, float, float]:
+        """One GRPO step on this rank's shard; returns its stats and the span (start, end)."""
+        start = time.monotonic()
+        warm = self.cfg.warmup_steps
+        scale = min(1.0, (self.step + 1) / warm) if warm else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * scale
+        stats = grpo_update(
+            self.policy, self.optimizer, items, self.cfg, token_count=token_count, reduce_grads=self._reduce
+        )
+        self.step += 1
+        return stats, start, time.monotonic()
+
+    def publish(self, version: int) -> tuple[bytes, PublishedVersion]:
+        blob = to_bf16_bytes(self.policy)
+        return blob, PublishedVersion(version, checksum(blob), len(blob))
+
+    def weights_checksum(self) -> str:
+        return checksum(to_bf16_bytes(self.policy))
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _missing_resources(bundles: list[dict[str, float]]) -> str:
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    have = ray.available_resources()
+    short = [
+        f"{k}: needs {v:g}, {have.get(k, 0.0):g} available" for k, v in need.items() if have.get(k, 0.0) < v
+    ]
+    return "; ".join(short) or "enough in total, but not in the arrangement the strategy requires"
+
+
+def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
+    """One placement group for all ranks, or a UserError naming what is missing after the timeout."""
+    bundle: dict[str, float] = {"CPU": cfg.cpus_per_rank}
+    if cfg.gpus_per_rank:
+        bundle["GPU"] = cfg.gpus_per_rank
+    bundles = [dict(bundle) for _ in range(cfg.ranks)]
+    pg = placement_group(bundles, strategy=cfg.placement_strategy.value, name="rlsched-trainer")
+    ready, _ = ray.wait([pg.ready()], timeout=cfg.placement_timeout_s)
+    if not ready:
+        missing = _missing_resources(bundles)
+        remove_placement_group(pg)
+        raise UserError(
+            f"the training group ({cfg.ranks} ranks x {bundle}, {cfg.placement_strategy.value}) could not "
+            f"be placed within {cfg.placement_timeout_s:g} s: {missing}. Lower trainer.ranks or the "
+            "per-rank resources, or add nodes to the cluster"
+        )
+    return pg
+
+
+class TrainingGroup:
+    """Handles to the gang of ranks, created together inside one placement group."""
+
+    def __init__(self, cfg: TrainerConfig, grpo: GRPOConfig, checkpoint: str | None, seed: int) -> None:
+        self.cfg = cfg
+        self.pg = reserve_gang(cfg)
+        self.ranks = [
+            TrainerRank.options(
+                num_cpus=cfg.cpus_per_rank,
+                num_gpus=cfg.gpus_per_rank,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(i, cfg.ranks, checkpoint, grpo, seed)
+            for i in range(cfg.ranks)
+        ]
+        address = ray.get(self.ranks[0].rendezvous_address.remote())
+        ray.get([r.join.remote(address) for r in self.ranks])
+
+    def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
+        tokens = float(sum(len(i.token_ids) for i in items))
+        shards = [list(items[i :: len(self.ranks)]) for i in range(len(self.ranks))]
+        results = ray.get([r.update.remote(s, tokens) for r, s in zip(self.ranks, shards, strict=True)])
+        parts = [r[0] for r in results]  # each rank's loss is its share of the one token-level mean
+        stats = LossStats(
+            loss=sum(p.loss for p in parts),
+            clip_fraction=sum(p.clip_fraction for p in parts) / len(parts),
+            kl=sum(p.kl for p in parts),
+            mean_ratio=sum(p.mean_ratio for p in parts) / len(parts),
+        )
+        return stats, min(r[1] for r in results), max(r[2] for r in results)
+
+    def publish(self, version: int) -> tuple[ray.ObjectRef, PublishedVersion]:
+        """Rank 0's new version: a reference to its bytes in the object store, and its description."""
+        blob_ref, meta_ref = self.ranks[0].publish.options(num_returns=2).remote(version)
+        return blob_ref, ray.get(meta_ref)
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            ray.kill(r)
+        remove_placement_group(self.pg)
