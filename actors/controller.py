@@ -34,7 +34,7 @@ from actors.verifier import VerifierWorker
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams
 from rlsched.metrics.spans import Span, SpanKind
-from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.checkpoint import load_checkpoint, load_state_bytes, save_checkpoint
 from rlsched.model.template import load_template
 from rlsched.policy.verify import (
     BatchId,
@@ -318,6 +318,13 @@ class JobController:
                 )
             )
         self.version = meta.version
+        self._latest = blob_ref
+
+    def save_policy(self, out: Path) -> Path:
+        """The latest published version as a checkpoint directory (`rlsched generate --checkpoint`)."""
+        ckpt = load_checkpoint(self.cfg.model.checkpoint)
+        load_state_bytes(ckpt.model, ray.get(self._latest))
+        return save_checkpoint(ckpt.model, self.tokenizer, self.template, out)
 
     def run_iteration(self, iteration: int) -> IterationRecord:
         """One iteration, phase by phase; its spans are recorded as it goes."""

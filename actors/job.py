@@ -9,6 +9,7 @@ Whatever happens, actors are ended, the placement group removed, and an embedded
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,7 +21,10 @@ import ray
 from actors.controller import IterationRecord, JobController, commit_record
 from rlsched.config import JobConfig
 from rlsched.errors import UserError
+from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
+from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.template import load_template
 from rlsched.rl.evaluate import EvalResult
 
 
@@ -61,12 +65,30 @@ def check_capacity(cfg: JobConfig) -> None:
         )
 
 
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an address nothing answers at: ray.init would retry for minutes."""
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--address {address!r} is not host:port (or 'auto', or ray://host:port)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise UserError(
+            f"cannot reach the Ray cluster at {address!r} ({err.strerror or err}); check the "
+            "head node's address and port and that the cluster is running"
+        ) from None
+
+
 def connect(cfg: JobConfig, address: str | None) -> bool:
     """Join `address`, or start an embedded local cluster sized from the config. True if we started it."""
     if ray.is_initialized():
         return False
     common: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
     if address:
+        _probe(address)
         try:
             ray.init(address=address, **common)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -94,9 +116,17 @@ def iteration_line(rec: IterationRecord, times: dict[str, Any]) -> str:
     )
 
 
+def preflight(cfg: JobConfig) -> None:
+    """Check what can be checked before any Ray process starts: the checkpoint and the template load."""
+    load_checkpoint(cfg.model.checkpoint)
+    if cfg.model.template:
+        load_template(cfg.model.template)
+
+
 def run_job(
     cfg: JobConfig, out_dir: Path, address: str | None = None, log: Callable[[str], None] = print
 ) -> JobReport:
+    preflight(cfg)
     started = connect(cfg, address)
     controller: JobController | None = None
     try:
@@ -146,7 +176,10 @@ def _iterate(
                 log(iteration_line(rec, times))
     finally:
         (out_dir / "timeline.json").write_text(json.dumps(chrome_trace(controller.spans)))
+        if rows:
+            summary_png(rows, out_dir / "summary.png", title=f"{out_dir.name}: reward and phase times")
     after = controller.evaluate(controller.task.eval_problems)
+    controller.save_policy(out_dir / "checkpoint")
     log(f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)")
     report = JobReport(before, after, rows, time.monotonic() - start)
     (out_dir / "report.json").write_text(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,8 @@ def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
     if cfg.gpus_per_rank:
         bundle["GPU"] = cfg.gpus_per_rank
     bundles = [dict(bundle) for _ in range(cfg.ranks)]
-    pg = placement_group(bundles, strategy=cfg.placement_strategy.value, name="rlsched-trainer")
+    name = f"rlsched-trainer-{uuid.uuid4().hex[:8]}"  # several jobs may share one cluster
+    pg = placement_group(bundles, strategy=cfg.placement_strategy.value, name=name)
     ready, _ = ray.wait([pg.ready()], timeout=cfg.placement_timeout_s)
     if not ready:
         missing = _missing_resources(bundles)

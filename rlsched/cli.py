@@ -1,6 +1,6 @@
 """The `rlsched` command.
 
-    rlsched run CONFIG [--set k=v ...]            run an RL job (today: the single-process GRPO loop)
+    rlsched run CONFIG [--address A] [--out D]    run an RL job on Ray (embedded cluster by default)
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
@@ -16,6 +16,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -33,20 +34,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rlsched.config import load_config
 
     cfg = load_config(args.config, args.set)
+    out_dir = args.out or cfg.run.out_dir
     import torch
 
+    torch.set_num_threads(cfg.run.threads)
+    if args.local:
+        return _run_local(args, cfg, out_dir)
+    from actors.job import run_job
+
+    where = (
+        f"the Ray cluster at {args.address}"
+        if args.address
+        else (f"an embedded local Ray cluster ({cfg.cluster.num_cpus} logical CPUs)")
+    )
+    console.print(
+        f"[bold]rlsched run[/bold] {args.config} on {where}: GRPO on the {cfg.task.name} task "
+        f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per iteration, at most "
+        f"{cfg.grpo.steps} iterations or {cfg.grpo.time_budget_s:.0f} s); every {cfg.eval.every_steps} "
+        f"iterations, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
+    )
+    report = run_job(cfg, out_dir, address=args.address, log=console.print)
+    console.print(
+        f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
+        f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
+        f"{len(report.iterations)} iterations, {report.wall_s:.0f} s; wrote {out_dir}/: metrics.jsonl, "
+        "timeline.json (open in Perfetto), summary.png, report.json, checkpoint/"
+    )
+    return 0
+
+
+def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
+    """The same GRPO components in one process, without Ray (debugging, profiling)."""
     from rlsched.rl.loop import GRPOLoop, write_outputs
 
-    torch.set_num_threads(cfg.run.threads)
     console.print(
-        f"[bold]rlsched run[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "
-        f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per step, "
-        f"at most {cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s); every "
-        f"{cfg.eval.every_steps} steps, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
+        f"[bold]rlsched run --local[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "
+        f"({cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size} samples per step, at most "
+        f"{cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s); every {cfg.eval.every_steps} steps, "
+        f"the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
     loop = GRPOLoop(cfg, log=console.print)
     report = loop.run()
-    path, ckpt = write_outputs(loop, report, cfg.run.out_dir)
+    path, ckpt = write_outputs(loop, report, out_dir)
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
         f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
@@ -160,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set grpo.lr=1e-4 (repeatable)",
     )
+    run.add_argument("--address", help="join this Ray cluster (host:port or 'auto'); default: start one here")
+    run.add_argument("--out", type=Path, help="output directory (default: run.out_dir from the config)")
+    run.add_argument("--local", action="store_true", help="run in one process, without Ray")
     run.set_defaults(func=cmd_run)
 
     gen = sub.add_parser("generate", help="generate a reply with the torch engine")

@@ -65,10 +65,11 @@ def test_model_export(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
-def test_run_tiny_job(tmp_path: Path) -> None:
+def test_run_tiny_job_locally(tmp_path: Path) -> None:
     proc = rlsched(
         "run",
         "configs/jobs/quickstart.yaml",
+        "--local",
         "--set",
         "grpo.steps=2",
         "--set",

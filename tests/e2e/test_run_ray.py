@@ -1,0 +1,81 @@
+"""`rlsched run` on an embedded Ray cluster, as a user runs it: outputs, clean exits, nothing left running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.ray
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "raylet" in line or "gcs_server" in line]
+
+
+def rlsched_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/quickstart.yaml", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=400,
+    )
+
+
+def test_small_job_writes_its_outputs_and_leaves_nothing_running(tmp_path: Path) -> None:
+    assert ray_processes() == []
+    small = [
+        "grpo.steps=3",
+        "eval.every_steps=3",
+        "task.eval_size=64",
+        "eval.curve_size=32",
+        "grpo.prompts_per_step=8",
+    ]
+    proc = rlsched_run("--out", str(tmp_path), *[a for s in small for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "held-out pass rate before" in proc.stdout and "after" in proc.stdout
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert {
+        "t_generate",
+        "t_verify_exposed",
+        "t_update",
+        "t_publish",
+        "t_iter",
+        "overlap_fraction",
+        "critical_path",
+        "reward_mean",
+        "pass_rate",
+        "tokens_per_s",
+    } <= set(rows[0])
+    assert rows[2]["eval_pass_rate"] is not None
+    trace = json.loads((tmp_path / "timeline.json").read_text())
+    assert {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {
+        "generate",
+        "verify",
+        "update",
+        "load",
+    }
+    assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
+    assert ray_processes() == []
+
+
+def test_job_larger_than_the_cluster_is_refused() -> None:
+    proc = rlsched_run("--set", "trainer.ranks=20")
+    assert proc.returncode == 2
+    assert "cannot host this job" in proc.stderr and "CPU: the job needs" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert ray_processes() == []
+
+
+def test_unreachable_address_fails_fast() -> None:
+    proc = rlsched_run("--address", "127.0.0.1:1")
+    assert proc.returncode == 2 and "cannot reach the Ray cluster" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,102 @@
+"""The RL job on a real local Ray cluster: gang placement, overlap seen in the spans, version discipline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+from ray.util import placement_group_table
+
+from actors.controller import IterationRecord, JobController
+from actors.trainer import reserve_gang
+from rlsched.config import JobConfig, load_config
+from rlsched.errors import UserError
+from rlsched.metrics.spans import SpanKind
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+SMALL = ["grpo.prompts_per_step=8", "task.eval_size=64", "eval.curve_size=32"]
+
+
+@pytest.fixture(scope="module")
+def job(ray_session: None) -> Iterator[tuple[JobController, list[IterationRecord]]]:
+    controller = JobController(load_config(None, SMALL), log=lambda _: None)
+    records = [controller.run_iteration(i) for i in (1, 2, 3)]
+    yield controller, records
+    controller.shutdown()
+
+
+def _live_groups() -> set[str]:
+    return {pid for pid, v in placement_group_table().items() if v["state"] != "REMOVED"}
+
+
+def test_gang_that_does_not_fit_is_refused_with_what_is_missing() -> None:
+    cfg = load_config(None, ["trainer.ranks=6", "trainer.cpus_per_rank=2", "trainer.placement_timeout_s=1"])
+    before = _live_groups()
+    with pytest.raises(UserError, match=r"CPU: needs 12, \d+ available") as info:
+        reserve_gang(cfg.trainer)
+    assert "could not be placed within 1 s" in str(info.value)
+    assert _live_groups() == before  # nothing half-reserved is left behind
+
+
+def test_gang_is_reserved_whole(job: tuple[JobController, list[IterationRecord]]) -> None:
+    controller, _ = job
+    table = placement_group_table(controller.group.pg)
+    assert table["state"] == "CREATED" and table["strategy"] == "STRICT_PACK"
+    assert len(table["bundles"]) == JobConfig().trainer.ranks
+
+
+def test_verification_overlaps_generation(job: tuple[JobController, list[IterationRecord]]) -> None:
+    controller, records = job
+    for rec in records:
+        spans = [s for s in controller.spans if s.iteration == rec.iteration]
+        last_generation_end = max(s.end for s in spans if s.kind is SpanKind.GENERATE)
+        first_verification_start = min(s.start for s in spans if s.kind is SpanKind.VERIFY)
+        assert first_verification_start < last_generation_end
+
+
+def test_every_sample_in_an_update_comes_from_the_allowed_version(
+    job: tuple[JobController, list[IterationRecord]],
+) -> None:
+    controller, records = job
+    for rec in records:
+        assert rec.extra["sample_versions"] == [rec.version]  # staleness 0: exactly the current version
+        assert rec.used == rec.samples == 8 * 8 and rec.stale_dropped == 0
+        versions = {
+            s.attrs["version"]
+            for s in controller.spans
+            if s.iteration == rec.iteration and s.kind is SpanKind.GENERATE
+        }
+        assert versions == {rec.version}
+    assert [r.version for r in records] == [0, 1, 2]
+    assert controller.version == 3
+    assert all(ray.get(i.status.remote()) == ("ready", 3) for i in controller.instances.values())
+
+
+def test_trainer_ranks_hold_identical_weights(job: tuple[JobController, list[IterationRecord]]) -> None:
+    controller, _ = job
+    sums = ray.get([r.weights_checksum.remote() for r in controller.group.ranks])
+    assert len(set(sums)) == 1
+
+
+def test_sequential_baseline_verifies_only_after_generation(ray_session: None) -> None:
+    controller = JobController(
+        load_config(
+            None,
+            [
+                *SMALL,
+                "schedule.overlap=false",
+                "rollout.instances=1",
+                "verifier.workers=1",
+                "trainer.ranks=1",
+            ],
+        ),
+        log=lambda _: None,
+    )
+    try:
+        controller.run_iteration(1)
+    finally:
+        controller.shutdown()
+    gen_end = max(s.end for s in controller.spans if s.kind is SpanKind.GENERATE)
+    assert min(s.start for s in controller.spans if s.kind is SpanKind.VERIFY) >= gen_end
