@@ -111,6 +111,8 @@ class JobController:
             for k in range(cfg.verifier.workers)
         }
         self.version = 0
+        self._busy: dict[WorkerId, TaskId | None] = {}
+        self._free_at_arrival: dict[TaskId, bool] = {}  # was a worker free when the sample arrived?
         self.reload(*self.group.publish(0), iteration=0)
 
     # -- phases ----------------------------------------------------------------------------------
@@ -143,10 +145,13 @@ class JobController:
         pending: dict[TaskId, PendingVerification] = {}
         inflight: dict[ray.ObjectRef, _Inflight] = {}
         busy: dict[WorkerId, TaskId | None] = {w: None for w in self.workers}
+        self._busy, self._free_at_arrival = busy, {}
         while streams or pending or inflight:
             if self.cfg.schedule.overlap or not streams:
                 self._dispatch(pending, inflight, busy, references, samples)
-            ready, _ = ray.wait([*streams, *inflight], num_returns=1)
+            waitables = [*streams, *inflight]
+            ray.wait(waitables, num_returns=1)  # block until something is done,
+            ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)  # then take all that are
             for ref in ready:
                 if ref in streams:
                     self._on_sample(iteration, ref, streams, start, samples, pending)
@@ -182,6 +187,7 @@ class JobController:
         )
         task = TaskId(sample.request_id)
         pending[task] = PendingVerification(task, BatchId(f"iter-{iteration}"), arrival=now)
+        self._free_at_arrival[task] = len(pending) <= sum(t is None for t in self._busy.values())
 
     def _dispatch(
         self,
@@ -233,6 +239,7 @@ class JobController:
                     "queued_s": round(job.dispatched - job.task.arrival, 6),
                     "start_delay_s": round(w_start - job.task.arrival, 6),
                     "outcome": type(outcome).__name__,
+                    "free_at_arrival": self._free_at_arrival.get(job.task.task_id, False),
                 },
             )
         )
