@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,9 @@ from rlsched.policy.verify import (
 )
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.grpo import group_advantages
-from rlsched.rl.task import AdditionTask, Problem
+from rlsched.rl.task import TaskProblem, build_task
 from rlsched.rl.update import TrainItem
-from verifiers.exact_answer import ExactAnswerVerifier
+from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, run_verifier
 
 
@@ -87,8 +87,9 @@ class JobController:
         ckpt = load_checkpoint(cfg.model.checkpoint)
         self.tokenizer = ckpt.tokenizer
         self.template = load_template(cfg.model.template) if cfg.model.template else ckpt.template
-        self.task = AdditionTask(cfg.task.digits, cfg.task.eval_size, cfg.task.seed)
-        self.train_stream = self.task.train_problems(random.Random(cfg.run.seed))
+        self.task = build_task(cfg.task)
+        self.verifiers = VerifierSet(cfg.verifier.kind)  # for evaluation in the driver
+        self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.sampling = SamplingParams(
             temperature=cfg.sampling.temperature,
             top_p=cfg.sampling.top_p,
@@ -106,7 +107,7 @@ class JobController:
         }
         self.workers = {
             WorkerId(f"verifier-{k}"): VerifierWorker.options(num_cpus=cfg.verifier.cpus_per_worker).remote(
-                f"verifier-{k}", cfg.verifier.delay_s
+                f"verifier-{k}", cfg.verifier.kind, cfg.verifier.delay_s
             )
             for k in range(cfg.verifier.workers)
         }
@@ -117,7 +118,7 @@ class JobController:
 
     # -- phases ----------------------------------------------------------------------------------
 
-    def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, str]]:
+    def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
         g = self.cfg.grpo.group_size
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
         prompts = self.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
@@ -126,11 +127,11 @@ class JobController:
             for i in range(len(problems))
             for k in range(g)
         ]
-        references = {r.request_id: problems[n // g].answer for n, r in enumerate(requests)}
+        references = {r.request_id: problems[n // g] for n, r in enumerate(requests)}
         return requests, references
 
     def generate_and_verify(
-        self, iteration: int, requests: list[GenerationRequest], references: dict[RequestId, str]
+        self, iteration: int, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]
     ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
         start = self.clock()
         names = list(self.instances)
@@ -194,7 +195,7 @@ class JobController:
         pending: dict[TaskId, PendingVerification],
         inflight: dict[ray.ObjectRef, _Inflight],
         busy: dict[WorkerId, TaskId | None],
-        references: dict[RequestId, str],
+        references: dict[RequestId, TaskProblem],
         samples: dict[RequestId, Sample],
     ) -> None:
         if not pending:
@@ -206,7 +207,8 @@ class JobController:
             task = pending.pop(decision.task_id)
             rid = RequestId(task.task_id)
             ref = self.workers[decision.worker_id].verify.remote(
-                VerifyRequest(rid, samples[rid].text, references[rid], task.attempt)
+                VerifyRequest(rid, samples[rid].text, references[rid].answer, task.attempt),
+                references[rid].verifier,
             )
             busy[decision.worker_id] = task.task_id
             inflight[ref] = _Inflight(task, decision.worker_id, self.clock())
@@ -370,7 +372,7 @@ class JobController:
 
     # -- evaluation and shutdown -----------------------------------------------------------------
 
-    def evaluate(self, problems: tuple[Problem, ...] | list[Problem]) -> EvalResult:
+    def evaluate(self, problems: tuple[TaskProblem, ...] | list[TaskProblem]) -> EvalResult:
         params = SamplingParams(
             temperature=0.0,
             max_tokens=self.cfg.sampling.max_tokens,
@@ -380,12 +382,14 @@ class JobController:
         requests = [GenerationRequest(RequestId(str(i)), tuple(ids), params) for i, ids in enumerate(prompts)]
         names = list(self.instances)
         refs = [self.instances[n].complete.remote(requests[i :: len(names)]) for i, n in enumerate(names)]
-        verifier = ExactAnswerVerifier()
         correct: dict[int, bool] = {}
         for batch in ray.get(refs):
             for s in batch:
                 i = int(s.request_id)
-                out = run_verifier(verifier, VerifyRequest(s.request_id, s.text, problems[i].answer))
+                out = run_verifier(
+                    self.verifiers.get(problems[i].verifier),
+                    VerifyRequest(s.request_id, s.text, problems[i].answer),
+                )
                 correct[i] = isinstance(out, Verdict) and out.correct
         carry = [i for i, p in enumerate(problems) if p.has_carry()]
         return EvalResult(

@@ -26,6 +26,7 @@ from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.model.checkpoint import load_checkpoint
 from rlsched.model.template import load_template
 from rlsched.rl.evaluate import EvalResult
+from rlsched.rl.task import build_task
 
 
 @dataclass
@@ -117,8 +118,9 @@ def iteration_line(rec: IterationRecord, times: dict[str, Any]) -> str:
 
 
 def preflight(cfg: JobConfig) -> None:
-    """Check what can be checked before any Ray process starts: the checkpoint and the template load."""
+    """Check what can be checked before any Ray process starts: checkpoint, template and task load."""
     load_checkpoint(cfg.model.checkpoint)
+    build_task(cfg.task)
     if cfg.model.template:
         load_template(cfg.model.template)
 

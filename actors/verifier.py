@@ -11,21 +11,21 @@ import time
 
 import ray
 
-from verifiers.exact_answer import ExactAnswerVerifier
+from verifiers.loading import VerifierSet
 from verifiers.protocol import Outcome, VerifyRequest, run_verifier
 
 
 @ray.remote
 class VerifierWorker:
-    def __init__(self, worker_id: str, delay_s: float = 0.0) -> None:
+    def __init__(self, worker_id: str, kind: str = "exact_answer", delay_s: float = 0.0) -> None:
         self.worker_id = worker_id
         self.delay_s = delay_s
-        self.verifier = ExactAnswerVerifier()
+        self.verifiers = VerifierSet(kind)
 
-    def verify(self, request: VerifyRequest) -> tuple[Outcome, float, float]:
+    def verify(self, request: VerifyRequest, kind: str | None = None) -> tuple[Outcome, float, float]:
         """The outcome and the span (start, end) of the work, on this node's monotonic clock."""
         start = time.monotonic()
         if self.delay_s:
             time.sleep(self.delay_s)
-        outcome = run_verifier(self.verifier, request)
+        outcome = run_verifier(self.verifiers.get(kind), request)
         return outcome, start, time.monotonic()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from rlsched.errors import UserError
@@ -46,11 +46,25 @@ class SamplingConfig(_Section):
     max_tokens: int = Field(8, ge=1)
 
 
+class TaskKind(StrEnum):
+    ADDITION = "addition"  # the shipped toy task (rlsched/rl/task.py)
+    JSONL = "jsonl"  # your own prompts and references, one JSON object per line (task.path)
+
+
 class TaskConfig(_Section):
-    name: Literal["addition"] = "addition"
+    name: TaskKind = TaskKind.ADDITION
+    path: Path | None = Field(None, description="the JSONL file of a jsonl task")
     digits: int = Field(3, ge=1, le=6)
-    eval_size: int = Field(1024, ge=16)
+    eval_size: int = Field(1024, ge=1)
     seed: int = 1234
+
+    @model_validator(mode="after")
+    def _path_matches_kind(self) -> TaskConfig:
+        if self.name is TaskKind.JSONL and self.path is None:
+            raise ValueError("task.path is required when task.name is 'jsonl'")
+        if self.name is TaskKind.ADDITION and self.path is not None:
+            raise ValueError("task.path is only for task.name 'jsonl'")
+        return self
 
 
 class GRPOConfig(_Section):
@@ -102,10 +116,22 @@ class RolloutConfig(_Section):
 
 
 class VerifierConfig(_Section):
+    kind: str = Field("exact_answer", description="a shipped kind, or 'module:callable' of your own")
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     delay_s: float = Field(0.0, ge=0, description="extra seconds per verification (benchmarks)")
     dispatch: DispatchPolicy = DispatchPolicy.FIFO
+
+    @field_validator("kind")
+    @classmethod
+    def _loadable(cls, kind: str) -> str:
+        from verifiers.loading import VerifierSpecError, load_verifier
+
+        try:
+            load_verifier(kind)
+        except VerifierSpecError as err:
+            raise ValueError(str(err)) from None
+        return kind
 
 
 class ScheduleConfig(_Section):

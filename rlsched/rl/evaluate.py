@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from rlsched.engine.protocol import GenerationRequest, RequestId, RolloutEngine, SamplingParams
 from rlsched.model.template import ConvTemplate
 from rlsched.model.tokenizer import ByteTokenizer
-from rlsched.rl.task import Problem
-from verifiers.exact_answer import ExactAnswerVerifier
+from rlsched.rl.task import TaskProblem
+from verifiers.loading import VerifierSet
 from verifiers.protocol import Verdict, VerifyRequest, run_verifier
 
 
@@ -28,10 +28,11 @@ def evaluate(
     engine: RolloutEngine,
     tokenizer: ByteTokenizer,
     template: ConvTemplate,
-    problems: Sequence[Problem],
+    problems: Sequence[TaskProblem],
     *,
     max_tokens: int = 8,
     temperature: float = 0.0,
+    verifiers: VerifierSet | None = None,
 ) -> EvalResult:
     """Greedy (by default) pass@1 over `problems`, judged by the exact-answer verifier."""
     params = SamplingParams(
@@ -41,11 +42,14 @@ def evaluate(
         GenerationRequest(RequestId(str(i)), tuple(template.encode(tokenizer, p.messages())), params)
         for i, p in enumerate(problems)
     ]
-    verifier = ExactAnswerVerifier()
+    verifiers = verifiers or VerifierSet("exact_answer")
     correct: dict[int, bool] = {}
     for sample in engine.generate(requests):
         i = int(sample.request_id)
-        outcome = run_verifier(verifier, VerifyRequest(sample.request_id, sample.text, problems[i].answer))
+        problem = problems[i]
+        outcome = run_verifier(
+            verifiers.get(problem.verifier), VerifyRequest(sample.request_id, sample.text, problem.answer)
+        )
         correct[i] = isinstance(outcome, Verdict) and outcome.correct
     passed = sum(correct.values())
     carry = [i for i, p in enumerate(problems) if p.has_carry()]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,9 +30,9 @@ from rlsched.model.llama import LlamaForCausalLM
 from rlsched.model.template import load_template
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats, group_advantages
-from rlsched.rl.task import AdditionTask, Problem
+from rlsched.rl.task import TaskProblem, build_task
 from rlsched.rl.update import TrainItem, grpo_update
-from verifiers.exact_answer import ExactAnswerVerifier
+from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest, run_verifier
 
 
@@ -93,10 +93,11 @@ class GRPOLoop:
             seed=cfg.run.seed,
         )
         self.template = load_template(cfg.model.template) if cfg.model.template else self.ckpt.template
-        self.task = AdditionTask(cfg.task.digits, cfg.task.eval_size, cfg.task.seed)
-        self.verifier = verifier or ExactAnswerVerifier()
+        self.task = build_task(cfg.task)
+        self.verifier = verifier  # a test's stand-in; otherwise each sample's kind from `verifiers`
+        self.verifiers = VerifierSet(cfg.verifier.kind)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
-        self.train_stream = self.task.train_problems(random.Random(cfg.run.seed))
+        self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.version = WeightVersion(0)
         self.log = log
         self.sampling = SamplingParams(
@@ -114,7 +115,7 @@ class GRPOLoop:
 
     # -- the iteration -----------------------------------------------------------------------
 
-    def request_samples(self, problems: list[Problem]) -> list[GenerationRequest]:
+    def request_samples(self, problems: list[TaskProblem]) -> list[GenerationRequest]:
         g = self.cfg.grpo.group_size
         prompts = self.ckpt.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
         return [
@@ -123,19 +124,20 @@ class GRPOLoop:
             for k in range(g)
         ]
 
-    def verify(self, sample: Sample, reference: str) -> Outcome:
+    def verify(self, sample: Sample, problem: TaskProblem) -> Outcome:
         """Judge one sample; retry execution faults up to `verify_retries` times."""
+        verifier = self.verifier or self.verifiers.get(problem.verifier)
         attempt = 0
         while True:
             outcome = run_verifier(
-                self.verifier, VerifyRequest(sample.request_id, sample.text, reference, attempt)
+                verifier, VerifyRequest(sample.request_id, sample.text, problem.answer, attempt)
             )
             if isinstance(outcome, Verdict) or attempt >= self.cfg.grpo.verify_retries:
                 return outcome
             attempt += 1
 
     def generate_and_verify(
-        self, requests: list[GenerationRequest], references: dict[RequestId, str]
+        self, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]
     ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
         samples: dict[RequestId, Sample] = {}
         outcomes: dict[RequestId, Outcome] = {}
@@ -193,7 +195,7 @@ class GRPOLoop:
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
         requests = self.request_samples(problems)
         g = self.cfg.grpo.group_size
-        references = {r.request_id: problems[i // g].answer for i, r in enumerate(requests)}
+        references = {r.request_id: problems[i // g] for i, r in enumerate(requests)}
         samples, outcomes = self.generate_and_verify(requests, references)
         phase["generate_verify"] = time.monotonic() - t
         t = time.monotonic()
@@ -220,7 +222,12 @@ class GRPOLoop:
     def evaluate(self, size: int | None = None) -> EvalResult:
         problems = self.task.eval_problems if size is None else self.task.eval_problems[:size]
         return evaluate(
-            self.engine, self.ckpt.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
+            self.engine,
+            self.ckpt.tokenizer,
+            self.template,
+            problems,
+            max_tokens=self.cfg.sampling.max_tokens,
+            verifiers=self.verifiers,
         )
 
     def run(self) -> RunReport:

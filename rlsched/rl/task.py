@@ -22,7 +22,13 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from rlsched.config import TaskConfig, TaskKind
+from rlsched.errors import UserError
 from rlsched.model.template import ConvTemplate, Message
 
 
@@ -39,6 +45,10 @@ class Problem:
     def answer(self) -> str:
         """The reference answer: the sum's digits, least significant first."""
         return str(self.a + self.b)[::-1]
+
+    @property
+    def verifier(self) -> str | None:
+        return None  # the job's verifier judges every addition problem
 
     def has_carry(self) -> bool:
         return self.teacher_without_carry() != self.answer
@@ -92,3 +102,107 @@ class AdditionTask:
 def teacher_answer(problem: Problem, rng: random.Random, carry_drop: float) -> str:
     """What the noisy teacher writes: the right answer, or with probability `carry_drop` no carries."""
     return problem.teacher_without_carry() if rng.random() < carry_drop else problem.answer
+
+
+# -- a researcher's own task ---------------------------------------------------------------------
+
+
+class TaskLine(BaseModel):
+    """One line of a JSONL task file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    id: str | None = None
+    prompt: str | None = None  # the user message, or
+    messages: tuple[Message, ...] | None = None  # a whole conversation to continue
+    reference: str
+    verifier: str | None = None  # this sample's verifier kind, if not the job's
+    split: Literal["train", "eval"] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TaskLine:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        return self
+
+
+@dataclass(frozen=True)
+class JsonlProblem:
+    id: str
+    conversation: tuple[Message, ...]
+    answer: str
+    verifier: str | None = None
+
+    def messages(self) -> list[Message]:
+        return list(self.conversation)
+
+    def prompt(self, template: ConvTemplate) -> str:
+        return template.render(self.conversation)
+
+    def has_carry(self) -> bool:
+        return False  # the addition task's diagnostic; meaningless here
+
+
+def _read_lines(path: Path) -> list[tuple[str | None, JsonlProblem]]:
+    if not path.is_file():
+        raise UserError(f"task file {path} does not exist")
+    problems: list[tuple[str | None, JsonlProblem]] = []
+    errors: list[str] = []
+    for n, raw in enumerate(path.read_text().splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = TaskLine.model_validate_json(raw)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "line"
+            errors.append(f"line {n}: {where}: {first['msg']}")
+            continue
+        convo = line.messages or (Message(role="user", content=line.prompt or ""),)
+        problems.append(
+            (line.split, JsonlProblem(line.id or f"line-{n}", convo, line.reference, line.verifier))
+        )
+    if errors:
+        shown = "; ".join(errors[:5]) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+        raise UserError(
+            f"task file {path} has {len(errors)} bad line(s): {shown}. Each line is a JSON object "
+            'like {"prompt": "...", "reference": "..."} (optional: id, messages, verifier, split)'
+        )
+    return problems
+
+
+class JsonlTask:
+    """Prompts with references from a JSONL file; `split` fields decide the held-out set, else a seeded
+    draw of `eval_size` lines."""
+
+    def __init__(self, path: Path, eval_size: int, seed: int) -> None:
+        rows = _read_lines(path)
+        if any(split is not None for split, _ in rows):
+            held = [p for split, p in rows if split == "eval"]
+            train = [p for split, p in rows if split != "eval"]
+        else:
+            shuffled = [p for _, p in rows]
+            random.Random(seed).shuffle(shuffled)
+            held, train = shuffled[:eval_size], shuffled[eval_size:]
+        if not held or not train:
+            raise UserError(
+                f"task file {path} needs both training and held-out lines: it has {len(rows)} "
+                f'lines; lower task.eval_size ({eval_size}) or mark lines with "split"'
+            )
+        self.eval_problems: tuple[JsonlProblem, ...] = tuple(held)
+        self._train = train
+
+    def train_problems(self, rng: random.Random) -> Iterator[JsonlProblem]:
+        while True:
+            yield rng.choice(self._train)
+
+
+def build_task(cfg: TaskConfig) -> AdditionTask | JsonlTask:
+    match cfg.name:
+        case TaskKind.ADDITION:
+            return AdditionTask(cfg.digits, cfg.eval_size, cfg.seed)
+        case TaskKind.JSONL:
+            assert cfg.path is not None  # the config's validator guarantees it
+            return JsonlTask(cfg.path, cfg.eval_size, cfg.seed)
+
+
+TaskProblem = Problem | JsonlProblem

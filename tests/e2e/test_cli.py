@@ -149,3 +149,17 @@ def test_missing_checkpoint_directory_in_config() -> None:
         rlsched("run", "configs/jobs/quickstart.yaml", "--set", "model.checkpoint=/no/such/dir"),
         "does not exist",
     )
+
+
+def test_bad_task_file_line_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"prompt": "1+1", "reference": "2"}\n{"prompt": "2+2"}\n')
+    assert_user_error(rlsched("run", "configs/jobs/custom_task.yaml", "--set", f"task.path={f}"), "line 2")
+
+
+def test_unimportable_verifier() -> None:
+    assert_user_error(
+        rlsched("run", "configs/jobs/quickstart.yaml", "--set", "verifier.kind=mylab.checks:score"),
+        "verifier.kind",
+        "cannot import 'mylab.checks'",
+    )

@@ -79,3 +79,31 @@ def test_unreachable_address_fails_fast() -> None:
     proc = rlsched_run("--address", "127.0.0.1:1")
     assert proc.returncode == 2 and "cannot reach the Ray cluster" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_custom_jsonl_task_and_module_verifier_on_ray(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlsched.cli",
+            "run",
+            "configs/jobs/custom_task.yaml",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "grpo.steps=2",
+            "--set",
+            "eval.every_steps=2",
+            "--set",
+            "grpo.prompts_per_step=8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["before"]["total"] == 100 and report["iterations"] == 2
+    assert ray_processes() == []

@@ -14,16 +14,28 @@ from rlsched.model.template import load_template
 ROOT = Path(__file__).resolve().parents[2]
 JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
 TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
+TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
 ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
 
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
-    assert set(ALL_CONFIG_FILES) == set(JOB_FILES) | set(TEMPLATE_FILES)
+    assert set(ALL_CONFIG_FILES) == set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES)
+
+
+@pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: p.name)
+def test_task_files_load(path: Path) -> None:
+    from rlsched.rl.task import JsonlTask
+
+    assert JsonlTask(path, eval_size=10, seed=0).eval_problems
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
 def test_job_files_load(path: Path) -> None:
-    assert isinstance(load_config(path), JobConfig)
+    cfg = load_config(path)
+    assert isinstance(cfg, JobConfig)
+    from rlsched.rl.task import build_task
+
+    assert build_task(cfg.task).eval_problems  # the task the job names loads too
 
 
 @pytest.mark.parametrize("path", TEMPLATE_FILES, ids=lambda p: p.name)
