@@ -125,8 +125,15 @@ def preflight(cfg: JobConfig) -> None:
         load_template(cfg.model.template)
 
 
+Tick = Callable[[int, str], None]  # (iteration just committed, its one-line summary)
+
+
 def run_job(
-    cfg: JobConfig, out_dir: Path, address: str | None = None, log: Callable[[str], None] = print
+    cfg: JobConfig,
+    out_dir: Path,
+    address: str | None = None,
+    log: Callable[[str], None] = print,
+    tick: Tick | None = None,
 ) -> JobReport:
     preflight(cfg)
     started = connect(cfg, address)
@@ -140,7 +147,7 @@ def run_job(
             f"({cfg.trainer.placement_strategy.value}), {cfg.rollout.instances} rollout instances, "
             f"{cfg.verifier.workers} verifier workers, overlap {'on' if cfg.schedule.overlap else 'off'}"
         )
-        return _iterate(cfg, controller, out_dir, log)
+        return _iterate(cfg, controller, out_dir, log, tick)
     finally:
         if controller is not None:
             controller.shutdown()
@@ -149,7 +156,7 @@ def run_job(
 
 
 def _iterate(
-    cfg: JobConfig, controller: JobController, out_dir: Path, log: Callable[[str], None]
+    cfg: JobConfig, controller: JobController, out_dir: Path, log: Callable[[str], None], tick: Tick | None
 ) -> JobReport:
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = out_dir / "metrics.jsonl"
@@ -174,8 +181,11 @@ def _iterate(
             row = {**asdict(rec), **times, "tokens_per_s": round(tps, 1)}
             commit_record(metrics_path, json.dumps(row))
             rows.append(row)
+            line = iteration_line(rec, times)
             if rec.eval_pass_rate is not None or it == 1:
-                log(iteration_line(rec, times))
+                log(line)
+            if tick is not None:
+                tick(it, line)
     finally:
         (out_dir / "timeline.json").write_text(json.dumps(chrome_trace(controller.spans)))
         if rows:

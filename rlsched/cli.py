@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{cfg.grpo.steps} iterations or {cfg.grpo.time_budget_s:.0f} s); every {cfg.eval.every_steps} "
         f"iterations, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
-    report = run_job(cfg, out_dir, address=args.address, log=console.print)
+    with _progress(cfg.grpo.steps) as tick:
+        report = run_job(cfg, out_dir, address=args.address, log=console.print, tick=tick)
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
         f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
@@ -61,6 +63,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         "timeline.json (open in Perfetto), summary.png, report.json, checkpoint/"
     )
     return 0
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[int, str], None] | None]:
+    """A live iteration bar with the latest phase times on a terminal; nothing extra otherwise
+    (the job still prints a plain line every `eval.every_steps` iterations)."""
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("iterations"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[latest]}"),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("run", total=total, latest="starting Ray")
+
+        def tick(iteration: int, line: str) -> None:
+            latest = line.split("  ", 1)[1] if "  " in line else line
+            bar.update(task, completed=iteration, latest=latest.strip())
+
+        yield tick
 
 
 def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:

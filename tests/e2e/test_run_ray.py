@@ -107,3 +107,39 @@ def test_custom_jsonl_task_and_module_verifier_on_ray(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["before"]["total"] == 100 and report["iterations"] == 2
     assert ray_processes() == []
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlsched.cli",
+            "run",
+            "configs/jobs/quickstart.yaml",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "task.eval_size=64",
+            "--set",
+            "eval.curve_size=32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert metrics.read_text().count("\n") >= 2  # committed iterations survive
+    assert json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    assert ray_processes() == []
