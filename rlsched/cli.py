@@ -183,6 +183,13 @@ def cmd_template_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calc(args: argparse.Namespace) -> int:
+    from rlsched.calc import run
+
+    print(run(args.calc_name, args))
+    return 0
+
+
 def cmd_model_export(args: argparse.Namespace) -> int:
     from rlsched.model.checkpoint import export_checkpoint
 
@@ -245,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--ids", action="store_true", help="print token ids instead of text")
     render.add_argument("--no-generation-prompt", action="store_true", help="omit the assistant header")
     render.set_defaults(func=cmd_template_render)
+
+    calc = sub.add_parser("calc", help="analytic models: iteration, queue, batch")
+    calc_sub = calc.add_subparsers(dest="calc_name", required=True, metavar="NAME")
+    from rlsched.calc import add_parsers
+
+    add_parsers(calc_sub)
+    calc.set_defaults(func=cmd_calc)
 
     model = sub.add_parser("model", help="checkpoints")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")

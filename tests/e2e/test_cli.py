@@ -29,7 +29,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
 def test_help_lists_every_command() -> None:
     proc = rlsched("--help")
     assert proc.returncode == 0
-    for command in ("run", "generate", "template", "model"):
+    for command in ("run", "generate", "template", "model", "calc"):
         assert command in proc.stdout
 
 
