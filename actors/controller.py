@@ -49,6 +49,7 @@ from rlsched.policy.verify import (
 )
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.grpo import group_advantages
+from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task
 from rlsched.rl.update import TrainItem
 from verifiers.loading import VerifierSet
@@ -90,13 +91,7 @@ class JobController:
         self.task = build_task(cfg.task)
         self.verifiers = VerifierSet(cfg.verifier.kind)  # for evaluation in the driver
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
-        self.sampling = SamplingParams(
-            temperature=cfg.sampling.temperature,
-            top_p=cfg.sampling.top_p,
-            top_k=cfg.sampling.top_k,
-            max_tokens=cfg.sampling.max_tokens,
-            stop_token_ids=self.template.stop_token_ids,
-        )
+        self.sampling = sampling_params(cfg.sampling, self.template)
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
         self.group = TrainingGroup(cfg.trainer, cfg.grpo, checkpoint, cfg.run.seed)
         self.instances = {
@@ -119,16 +114,10 @@ class JobController:
     # -- phases ----------------------------------------------------------------------------------
 
     def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
-        g = self.cfg.grpo.group_size
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
-        prompts = self.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
-        requests = [
-            GenerationRequest(RequestId(f"{iteration}-{i}-{k}"), tuple(prompts[i]), self.sampling)
-            for i in range(len(problems))
-            for k in range(g)
-        ]
-        references = {r.request_id: problems[n // g] for n, r in enumerate(requests)}
-        return requests, references
+        return group_requests(
+            problems, self.cfg.grpo.group_size, str(iteration), self.tokenizer, self.template, self.sampling
+        )
 
     def generate_and_verify(
         self, iteration: int, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]

@@ -4,7 +4,7 @@ This is what `rlsched run` drives until the Ray job exists, and what the Ray act
 rollout engine holds its own copy of the weights and receives each new version as BF16 safetensors
 bytes, exactly as a remote instance will. Each iteration:
 
-1. `request_samples`  - `group_size` samples for each of `prompts_per_step` training prompts;
+1. `group_requests`   - `group_size` samples for each of `prompts_per_step` training prompts;
 2. `verify`           - each sample judged as it arrives; execution faults retried, never scored 0;
 3. `assemble`         - group-relative advantages over the judged samples;
 4. `update`           - one clipped policy-gradient step on the fp32 master weights;
@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 
 from rlsched.config import JobConfig
-from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams, WeightVersion
+from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, save_checkpoint, to_bf16_bytes
 from rlsched.model.llama import LlamaForCausalLM
 from rlsched.model.template import load_template
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats, group_advantages
+from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task
 from rlsched.rl.update import TrainItem, grpo_update
 from verifiers.loading import VerifierSet
@@ -100,13 +101,7 @@ class GRPOLoop:
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.version = WeightVersion(0)
         self.log = log
-        self.sampling = SamplingParams(
-            temperature=cfg.sampling.temperature,
-            top_p=cfg.sampling.top_p,
-            top_k=cfg.sampling.top_k,
-            max_tokens=cfg.sampling.max_tokens,
-            stop_token_ids=self.template.stop_token_ids,
-        )
+        self.sampling = sampling_params(cfg.sampling, self.template)
 
     def _frozen_copy(self) -> LlamaForCausalLM:
         copy = LlamaForCausalLM(self.policy.config)
@@ -114,15 +109,6 @@ class GRPOLoop:
         return copy.eval().requires_grad_(False)
 
     # -- the iteration -----------------------------------------------------------------------
-
-    def request_samples(self, problems: list[TaskProblem]) -> list[GenerationRequest]:
-        g = self.cfg.grpo.group_size
-        prompts = self.ckpt.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
-        return [
-            GenerationRequest(RequestId(f"{self.version}-{i}-{k}"), tuple(prompts[i]), self.sampling)
-            for i in range(len(problems))
-            for k in range(g)
-        ]
 
     def verify(self, sample: Sample, problem: TaskProblem) -> Outcome:
         """Judge one sample; retry execution faults up to `verify_retries` times."""
@@ -193,9 +179,14 @@ class GRPOLoop:
         phase: dict[str, float] = {}
         t = time.monotonic()
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
-        requests = self.request_samples(problems)
-        g = self.cfg.grpo.group_size
-        references = {r.request_id: problems[i // g] for i, r in enumerate(requests)}
+        requests, references = group_requests(  # 1
+            problems,
+            self.cfg.grpo.group_size,
+            str(self.version),
+            self.ckpt.tokenizer,
+            self.template,
+            self.sampling,
+        )
         samples, outcomes = self.generate_and_verify(requests, references)
         phase["generate_verify"] = time.monotonic() - t
         t = time.monotonic()
