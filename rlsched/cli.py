@@ -190,6 +190,17 @@ def cmd_calc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from rlsched.config import load_scenario
+    from rlsched.simulate import render, run_scenario
+
+    cfg = load_scenario(args.scenario, args.set)
+    policies = args.policy or list(cfg.policies)
+    summary = run_scenario(cfg, policies, args.seeds or cfg.seeds, args.out)
+    print(json.dumps(summary) if args.json else render(summary))
+    return 0
+
+
 def cmd_model_export(args: argparse.Namespace) -> int:
     from rlsched.model.checkpoint import export_checkpoint
 
@@ -259,6 +270,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(calc_sub)
     calc.set_defaults(func=cmd_calc)
+
+    from rlsched.policy.verify import DispatchPolicy
+
+    sim = sub.add_parser("simulate", help="run a scenario in virtual time with the runtime's policies")
+    sim.add_argument("scenario", type=Path, help="scenario file, e.g. configs/scenarios/quickstart.yaml")
+    sim.add_argument(
+        "--policy",
+        action="append",
+        type=DispatchPolicy,
+        choices=list(DispatchPolicy),
+        help="dispatch policy (repeatable; default: the scenario's)",
+    )
+    sim.add_argument("--seeds", type=_positive, help="seeds per policy (default: the scenario's)")
+    sim.add_argument("--out", type=Path, help="write simulate.json, timelines and decision logs here")
+    sim.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario value"
+    )
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.set_defaults(func=cmd_simulate)
 
     model = sub.add_parser("model", help="checkpoints")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -167,6 +167,9 @@ class JobConfig(_Section):
         return self
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
 # -- loading ---------------------------------------------------------------------------------------
 
 
@@ -225,8 +228,8 @@ def _fix_hint(err: ErrorDetails) -> str:
     return f"{err['msg']} (got {shown})"
 
 
-def _valid_keys(loc: tuple[Any, ...]) -> str:
-    model: type[BaseModel] = JobConfig
+def _valid_keys(loc: tuple[Any, ...], root: type[BaseModel]) -> str:
+    model: type[BaseModel] = root
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
         ann = field.annotation if field is not None else None
@@ -236,25 +239,69 @@ def _valid_keys(loc: tuple[Any, ...]) -> str:
     return ", ".join(model.model_fields)
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
+def format_validation_error(source: str, err: ValidationError, root: type[BaseModel] | None = None) -> str:
     lines = [f"{source} has {err.error_count()} problem(s):"]
     for e in err.errors():
         loc = tuple(e["loc"])
         path = ".".join(str(p) for p in loc) or "(top level)"
         hint = _fix_hint(e)
         if e["type"] == "extra_forbidden":
-            keys = _valid_keys(loc)
+            keys = _valid_keys(loc, root or JobConfig)
             hint += f"; valid keys here: {keys}" if keys else ""
         lines.append(f"  {path}: {hint}")
     return "\n".join(lines)
 
 
-def load_config(path: Path | str | None, overrides: list[str] | None = None) -> JobConfig:
-    """Defaults, then the YAML file (if any), then each `--set`; validated once and frozen."""
+def _load(root: type[_M], path: Path | str | None, overrides: list[str] | None) -> _M:
     tree = _read_yaml(Path(path)) if path is not None else {}
     for assignment in overrides or []:
         apply_override(tree, assignment)
     try:
-        return JobConfig.model_validate(tree)
+        return root.model_validate(tree)
     except ValidationError as err:
-        raise UserError(format_validation_error(str(path or "the config"), err)) from None
+        raise UserError(format_validation_error(str(path or "the config"), err, root)) from None
+
+
+def load_config(path: Path | str | None, overrides: list[str] | None = None) -> JobConfig:
+    """Defaults, then the YAML file (if any), then each `--set`; validated once and frozen."""
+    return _load(JobConfig, path, overrides)
+
+
+# -- simulator scenarios ---------------------------------------------------------------------------
+
+
+class DistConfig(_Section):
+    """A duration distribution in seconds: constant(a), uniform(a, b), lognormal(mean a, sigma b)."""
+
+    kind: Literal["constant", "uniform", "lognormal"] = "constant"
+    a: float = Field(1.0, ge=0, description="constant value, uniform low, or lognormal mean")
+    b: float = Field(0.0, ge=0, description="uniform high, or lognormal sigma")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DistConfig:
+        if self.kind == "uniform" and self.b < self.a:
+            raise ValueError("uniform needs a <= b (low a, high b)")
+        return self
+
+
+class SimJobConfig(_Section):
+    iterations: int = Field(10, ge=1)
+    samples: int = Field(256, ge=1, description="samples per iteration")
+    instances: int = Field(2, ge=1)
+    slots: int = Field(64, ge=1, description="sequences one instance generates at once")
+    workers: int = Field(4, ge=1, description="verifier workers")
+    update_s: float = Field(0.5, ge=0)
+    publish_s: float = Field(0.01, ge=0)
+    overlap: bool = True
+
+
+class ScenarioConfig(_Section):
+    job: SimJobConfig = SimJobConfig()
+    generate: DistConfig = DistConfig(kind="uniform", a=0.1, b=0.5)
+    verify: DistConfig = DistConfig(kind="constant", a=0.01)
+    policies: tuple[DispatchPolicy, ...] = (DispatchPolicy.FIFO,)
+    seeds: int = Field(5, ge=1)
+
+
+def load_scenario(path: Path | str | None, overrides: list[str] | None = None) -> ScenarioConfig:
+    return _load(ScenarioConfig, path, overrides)

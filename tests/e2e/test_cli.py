@@ -29,7 +29,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
 def test_help_lists_every_command() -> None:
     proc = rlsched("--help")
     assert proc.returncode == 0
-    for command in ("run", "generate", "template", "model", "calc"):
+    for command in ("run", "generate", "template", "model", "calc", "simulate"):
         assert command in proc.stdout
 
 
@@ -163,3 +163,40 @@ def test_unimportable_verifier() -> None:
         "verifier.kind",
         "cannot import 'mylab.checks'",
     )
+
+
+def test_simulate_prints_a_table_and_writes_outputs(tmp_path: Path) -> None:
+    proc = rlsched(
+        "simulate",
+        "configs/scenarios/quickstart.yaml",
+        "--seeds",
+        "2",
+        "--set",
+        "job.iterations=3",
+        "--out",
+        str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "t_iter" in proc.stdout and "fifo" in proc.stdout and "95% interval over 2 seeds" in proc.stdout
+    summary = json.loads((tmp_path / "simulate.json").read_text())
+    assert summary["results"]["fifo"]["t_iter"]["mean"] > 0
+    assert (tmp_path / "decisions-fifo-seed0.log").read_text().count("dispatch") == 3 * 256
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--set", "verify.a=-1"], "verify.a"),
+        (["--set", "generate.kind=uniform", "--set", "generate.a=2", "--set", "generate.b=1"], "a <= b"),
+        (["--set", "job.workers=0"], "job.workers"),
+        (["--set", "policies=[fastest]"], "policies"),
+    ],
+)
+def test_simulate_bad_scenarios(args: list[str], needle: str) -> None:
+    assert_user_error(rlsched("simulate", "configs/scenarios/quickstart.yaml", *args), needle)
+
+
+def test_simulate_unknown_policy_flag() -> None:
+    proc = rlsched("simulate", "configs/scenarios/quickstart.yaml", "--policy", "fastest")
+    assert proc.returncode == 2 and "--policy" in proc.stderr and "fastest" in proc.stderr
+    assert "Traceback" not in proc.stderr

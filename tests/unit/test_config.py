@@ -15,11 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
 TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
 TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
+SCENARIO_FILES = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
 ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
 
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
-    assert set(ALL_CONFIG_FILES) == set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES)
+    assert set(ALL_CONFIG_FILES) == set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(
+        SCENARIO_FILES
+    )
+
+
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
+def test_scenario_files_load(path: Path) -> None:
+    from rlsched.config import load_scenario
+
+    assert load_scenario(path).job.iterations >= 1
 
 
 @pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: p.name)
