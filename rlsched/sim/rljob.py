@@ -43,6 +43,7 @@ class DistKind(StrEnum):
     CONSTANT = "constant"
     UNIFORM = "uniform"
     LOGNORMAL = "lognormal"
+    EMPIRICAL = "empirical"  # draws from observed `values` (e.g. fitted from a runtime's spans)
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,13 @@ class Dist:
     """A duration distribution in seconds: constant(a), uniform(a, b), lognormal(mean a, sigma b)."""
 
     kind: DistKind
-    a: float
+    a: float = 0.0
     b: float = 0.0
+    values: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.kind is DistKind.EMPIRICAL and (not self.values or min(self.values) < 0):
+            raise ValueError("an empirical distribution needs at least one non-negative value")
         if self.a < 0 or self.b < 0:
             raise ValueError(f"{self.kind} distribution parameters must be non-negative ({self.a}, {self.b})")
         if self.kind is DistKind.UNIFORM and self.b < self.a:
@@ -65,6 +69,8 @@ class Dist:
                 return np.full(n, self.a)
             case DistKind.UNIFORM:
                 return rng.uniform(self.a, self.b, n)
+            case DistKind.EMPIRICAL:
+                return rng.choice(np.asarray(self.values, dtype=float), n)
             case DistKind.LOGNORMAL:  # parameterised by its mean, so `a` reads as seconds
                 mu = np.log(self.a) - self.b**2 / 2 if self.a > 0 else -np.inf
                 return rng.lognormal(mu, self.b, n) if self.a > 0 else np.zeros(n)

@@ -55,7 +55,16 @@ def test_bad_models_are_refused(kwargs: dict[str, object], needle: str) -> None:
         RLJobModel(**kwargs)  # type: ignore[arg-type]
 
 
+def test_empirical_distribution_draws_only_observed_values() -> None:
+    import numpy as np
+
+    d = Dist(DistKind.EMPIRICAL, values=(0.1, 0.2, 0.7))
+    assert set(d.draw(np.random.default_rng(0), 200).tolist()) == {0.1, 0.2, 0.7}
+
+
 def test_bad_distributions_are_refused() -> None:
+    with pytest.raises(ValueError, match="empirical"):
+        Dist(DistKind.EMPIRICAL)
     with pytest.raises(ValueError, match="non-negative"):
         Dist(DistKind.CONSTANT, -1.0)
     with pytest.raises(ValueError, match="a <= b"):

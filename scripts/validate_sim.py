@@ -1,0 +1,121 @@
+"""Does the simulator predict the runtime? Run the quickstart job on Ray, fit the simulator's model
+from that run's own spans, simulate it, and compare iteration times.
+
+    .venv/bin/python scripts/validate_sim.py [--iterations 8] [--seed 0]
+
+Fitted from the measured spans (iteration 1 is a warm-up and not used): each sample's arrival offset
+from the start of generation (empirical), each verification's duration (empirical), the update time,
+and publish + load plus the controller's time between phases (medians). The model has the job's
+instances and verifier workers, and an engine batch as wide as the samples. The bound is the
+measured median `t_iter`; the figure is the relative error of the simulated median.
+Writes bench_results/validate_sim.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import ray
+import torch
+
+from actors.controller import JobController
+from rlsched.config import load_config
+from rlsched.metrics.spans import Span, SpanKind, phase_times
+from rlsched.sim.rljob import Dist, DistKind, RLJobModel, simulate
+
+
+def fit(spans: list[Span], iterations: range, cfg_workers: int, instances: int, samples: int) -> RLJobModel:
+    def of(kind: SpanKind, it: int) -> list[Span]:
+        return [s for s in spans if s.kind is kind and s.iteration == it]
+
+    arrivals, verifies, updates, publish_load = [], [], [], []
+    for it in iterations:
+        gen = of(SpanKind.GENERATE, it)
+        start = min(s.start for s in gen)
+        arrivals += [s.end - start for s in gen]
+        verifies += [s.duration for s in of(SpanKind.VERIFY, it)]
+        t = phase_times([s for s in spans if s.iteration == it])
+        updates.append(t.t_update)
+        # publish, load, and whatever the controller spent between phases (encoding requests,
+        # assembling the batch): the time of the iteration that no phase span covers
+        covered = t.t_generate + t.t_verify_exposed + t.t_update + t.t_publish + t.t_load
+        publish_load.append(t.t_publish + t.t_load + max(0.0, t.t_iter - covered))
+    return RLJobModel(
+        iterations=len(iterations),
+        samples=samples,
+        instances=instances,
+        slots=samples,
+        workers=cfg_workers,
+        generate=Dist(DistKind.EMPIRICAL, values=tuple(arrivals)),
+        verify=Dist(DistKind.EMPIRICAL, values=tuple(verifies)),
+        update_s=statistics.median(updates),
+        publish_s=statistics.median(publish_load),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("bench_results/validate_sim.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = load_config(Path("configs/jobs/quickstart.yaml"), [f"run.seed={args.seed}"])
+    ray.init(
+        num_cpus=cfg.cluster.num_cpus,
+        include_dashboard=False,
+        object_store_memory=256 << 20,
+        log_to_driver=False,
+    )
+    try:
+        controller = JobController(cfg, log=lambda _: None)
+        try:
+            for it in range(1, args.iterations + 1):
+                controller.run_iteration(it)
+        finally:
+            controller.shutdown()
+    finally:
+        ray.shutdown()
+    counted = range(2, args.iterations + 1)
+    measured = statistics.median(
+        phase_times([s for s in controller.spans if s.iteration == it]).t_iter for it in counted
+    )
+    samples = cfg.grpo.prompts_per_step * cfg.grpo.group_size
+    model = fit(controller.spans, counted, cfg.verifier.workers, cfg.rollout.instances, samples)
+    run = simulate(model, seed=args.seed)
+    predicted = statistics.median(run.t_iter(it) for it in range(1, model.iterations + 1))
+    error = (predicted - measured) / measured
+    print(f"measured median t_iter {measured:.3f} s (Ray, {len(counted)} iterations after a warm-up)")
+    print(f"simulated median t_iter {predicted:.3f} s (model fitted from those spans)")
+    print(f"relative error {100 * error:+.1f}% (goal: within 15%)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "validate_sim",
+                "workload": "configs/jobs/quickstart.yaml",
+                "seed": args.seed,
+                "iterations_counted": len(counted),
+                "bound": "measured median t_iter on Ray",
+                "measured_t_iter": measured,
+                "predicted_t_iter": predicted,
+                "relative_error": error,
+                "model": {
+                    "update_s": model.update_s,
+                    "publish_s": model.publish_s,
+                    "workers": model.workers,
+                    "instances": model.instances,
+                    "slots": model.slots,
+                },
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
