@@ -9,23 +9,25 @@ byte. `clock` is a zero-argument callable returning seconds, the same protocol a
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 Action = Callable[[], None]
 
 
-@dataclass(order=True)
+@dataclass
 class _Event:
     time: float
-    priority: int
-    seq: int
-    action: Action = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    action: Action
+    cancelled: bool = False
+
+
+_Entry = tuple[float, int, int, _Event]  # (time, priority, seq, event): compared in C, seq is unique
 
 
 class EventHandle:
@@ -48,7 +50,7 @@ class Simulator:
         self.rng = np.random.default_rng(seed)
         self.decisions: list[str] = []
         self.events_run = 0
-        self._heap: list[_Event] = []
+        self._heap: list[_Entry] = []
         self._seq = itertools.count()
 
     def clock(self) -> float:
@@ -58,8 +60,8 @@ class Simulator:
     def at(self, time: float, action: Action, priority: int = 0) -> EventHandle:
         if time < self.now:
             raise ValueError(f"cannot schedule at {time}, before now ({self.now})")
-        event = _Event(time, priority, next(self._seq), action)
-        heapq.heappush(self._heap, event)
+        event = _Event(time, action)
+        heapq.heappush(self._heap, (time, priority, next(self._seq), event))
         return EventHandle(event)
 
     def after(self, delay: float, action: Action, priority: int = 0) -> EventHandle:
@@ -72,13 +74,28 @@ class Simulator:
         self.decisions.append(f"{self.now:.9f} {line}")
 
     def run(self, until: float | None = None, max_events: int | None = None) -> int:
-        """Run events in order until none is left, `until` is passed, or `max_events` have run."""
+        """Run events in order until none is left, `until` is passed, or `max_events` have run.
+
+        Python's cyclic garbage collector is paused meanwhile: a large run keeps millions of objects
+        alive (spans, the decision log), and repeated full collections over them cost more than the
+        simulation itself (a million samples: 61 s with it, 38 s without). Reference counting still
+        frees what dies; cycles are collected once the run returns.
+        """
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(until, max_events)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _run(self, until: float | None, max_events: int | None) -> int:
         ran = 0
         while self._heap and (max_events is None or ran < max_events):
-            if until is not None and self._heap[0].time > until:
+            if until is not None and self._heap[0][0] > until:
                 self.now = until
                 break
-            event = heapq.heappop(self._heap)
+            event = heapq.heappop(self._heap)[3]
             if event.cancelled:
                 continue
             self.now = event.time
@@ -89,4 +106,4 @@ class Simulator:
 
     @property
     def pending(self) -> int:
-        return sum(not e.cancelled for e in self._heap)
+        return sum(not entry[3].cancelled for entry in self._heap)
