@@ -183,35 +183,18 @@ class _Job:
         else:
             self.dispatch()
 
+    def _span(self, kind: SpanKind, span_id: str, start: float, lane: str) -> None:
+        """A span of the current iteration ending now."""
+        self.run.spans.append(Span(kind, span_id, start, self.sim.now, self.iteration, {"lane": lane}))
+
     def on_updated(self) -> None:
-        it = self.iteration
-        self.run.spans.append(
-            Span(
-                SpanKind.UPDATE,
-                f"update-{it}",
-                self.sim.now - self.m.update_s,
-                self.sim.now,
-                it,
-                {"lane": "trainer"},
-            )
-        )
+        self._span(SpanKind.UPDATE, f"update-{self.iteration}", self.sim.now - self.m.update_s, "trainer")
         self.sim.after(self.m.publish_s, self.on_published)
 
     def on_published(self) -> None:
         it = self.iteration
-        self.run.spans.append(
-            Span(
-                SpanKind.PUBLISH,
-                f"v{it}",
-                self.sim.now - self.m.publish_s,
-                self.sim.now,
-                it,
-                {"lane": "trainer"},
-            )
-        )
-        self.run.spans.append(
-            Span(SpanKind.ITERATION, f"iter-{it}", self.t_start, self.sim.now, it, {"lane": "controller"})
-        )
+        self._span(SpanKind.PUBLISH, f"v{it}", self.sim.now - self.m.publish_s, "trainer")
+        self._span(SpanKind.ITERATION, f"iter-{it}", self.t_start, "controller")
         self.sim.record(f"iteration {it} done")
         if it < self.m.iterations:
             self.start_iteration()
