@@ -196,7 +196,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     cfg = load_scenario(args.scenario, args.set)
     policies = args.policy or list(cfg.policies)
-    summary = run_scenario(cfg, policies, args.seeds or cfg.seeds, args.out)
+    summary = run_scenario(cfg, policies, args.seeds or cfg.seeds, args.out, progress=sys.stderr.isatty())
     print(json.dumps(summary) if args.json else render(summary))
     return 0
 

@@ -7,9 +7,10 @@ mutates it. Depth stays at most three (`section.key` today).
 
 from __future__ import annotations
 
+import itertools
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -17,6 +18,7 @@ from pydantic_core import ErrorDetails
 
 from rlsched.errors import UserError
 from rlsched.policy.verify import DispatchPolicy
+from rlsched.sim.dists import Constant, Distribution, Uniform
 
 
 class _Section(BaseModel):
@@ -208,13 +210,39 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
+    node: dict[str, Any] | list[Any] = tree
+    for part, child_key in itertools.pairwise(parts):
+        child = _child(node, part, assignment)
+        if child is None:
+            child = [] if child_key.isdigit() else {}
+            _assign(node, part, child, assignment)
+        if not isinstance(child, dict | list):
             raise UserError(f"--set {assignment!r}: {part!r} is a value, not a section")
         node = child
-    node[parts[-1]] = value
+    _assign(node, parts[-1], value, assignment)
+
+
+def _child(node: dict[str, Any] | list[Any], part: str, assignment: str) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    if not part.isdigit():
+        raise UserError(f"--set {assignment!r}: {part!r} must be an index into the list (0, 1, ...)")
+    return node[int(part)] if int(part) < len(node) else None
+
+
+def _assign(node: dict[str, Any] | list[Any], part: str, value: Any, assignment: str) -> None:
+    """Set `node[part]`; a list index may name an existing item or the next one (to append)."""
+    if isinstance(node, dict):
+        node[part] = value
+    elif not part.isdigit() or int(part) > len(node):
+        raise UserError(
+            f"--set {assignment!r}: index {part} is past the end of a list of {len(node)} "
+            f"(use 0..{len(node)})"
+        )
+    elif int(part) == len(node):
+        node.append(value)
+    else:
+        node[int(part)] = value
 
 
 def _fix_hint(err: ErrorDetails) -> str:
@@ -223,27 +251,53 @@ def _fix_hint(err: ErrorDetails) -> str:
         return "unknown key; remove it or check its spelling"
     if kind in ("missing",):
         return "required; add it"
+    msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    shown = repr(got) if not isinstance(got, dict) else "a mapping"
-    return f"{err['msg']} (got {shown})"
+    return msg if isinstance(got, dict | list | tuple) else f"{msg} (got {got!r})"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config models an annotation can hold (through Optional, unions, tuples and Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _walk(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[list[str], list[type[BaseModel]]]:
+    """Follow an error location: the path as the user wrote it (list indices kept, the tags of
+    tagged unions such as a distribution's kind dropped) and the models that can sit at its end."""
+    models: list[type[BaseModel]] = [root]
+    shown: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            shown.append(str(part))  # an item of a list: same models
+            continue
+        tagged = [m for m in models if _kind_of(m) == part]
+        if tagged:
+            models = tagged
+            continue
+        shown.append(str(part))
+        fields = [m.model_fields[str(part)] for m in models if str(part) in m.model_fields]
+        models = [m for f in fields for m in _models_in(f.annotation)]
+    return shown, models
 
 
 def _valid_keys(loc: tuple[Any, ...], root: type[BaseModel]) -> str:
-    model: type[BaseModel] = root
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        ann = field.annotation if field is not None else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return ""
-        model = ann
-    return ", ".join(model.model_fields)
+    """The keys allowed where an unknown key was found."""
+    models = _walk(loc[:-1], root)[1]
+    return ", ".join(models[0].model_fields) if len(models) == 1 else ""
+
+
+def _kind_of(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("kind")
+    return field.default if field is not None and isinstance(field.default, str) else None
 
 
 def format_validation_error(source: str, err: ValidationError, root: type[BaseModel] | None = None) -> str:
     lines = [f"{source} has {err.error_count()} problem(s):"]
     for e in err.errors():
         loc = tuple(e["loc"])
-        path = ".".join(str(p) for p in loc) or "(top level)"
+        path = ".".join(_walk(loc, root or JobConfig)[0]) or "(top level)"
         hint = _fix_hint(e)
         if e["type"] == "extra_forbidden":
             keys = _valid_keys(loc, root or JobConfig)
@@ -256,8 +310,9 @@ def _load(root: type[_M], path: Path | str | None, overrides: list[str] | None) 
     tree = _read_yaml(Path(path)) if path is not None else {}
     for assignment in overrides or []:
         apply_override(tree, assignment)
+    base_dir = Path(path).parent if path is not None else Path(".")
     try:
-        return root.model_validate(tree)
+        return root.model_validate(tree, context={"base_dir": base_dir})
     except ValidationError as err:
         raise UserError(format_validation_error(str(path or "the config"), err, root)) from None
 
@@ -270,38 +325,102 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
 # -- simulator scenarios ---------------------------------------------------------------------------
 
 
-class DistConfig(_Section):
-    """A duration distribution in seconds: constant(a), uniform(a, b), lognormal(mean a, sigma b)."""
+class SimClusterConfig(_Section):
+    """What the simulated cluster has; the jobs and the verifier pool must fit in it."""
 
-    kind: Literal["constant", "uniform", "lognormal"] = "constant"
-    a: float = Field(1.0, ge=0, description="constant value, uniform low, or lognormal mean")
-    b: float = Field(0.0, ge=0, description="uniform high, or lognormal sigma")
+    gpus: int = Field(8, ge=0, description="accelerators (the quickstart's 'GPUs' are CPU processes)")
+    cpus: int = Field(64, ge=0)
 
-    @model_validator(mode="after")
-    def _ordered(self) -> DistConfig:
-        if self.kind == "uniform" and self.b < self.a:
-            raise ValueError("uniform needs a <= b (low a, high b)")
-        return self
+
+class SimPoolConfig(_Section):
+    """The verifier pool every job's samples share: CPU workers, and GPU workers for a GPU stage."""
+
+    cpu_workers: int = Field(4, ge=1, description="workers for the CPU stage of each verification")
+    cpus_per_worker: int = Field(1, ge=1)
+    gpu_workers: int = Field(0, ge=0, description="workers holding one GPU each, for the GPU stage")
 
 
 class SimJobConfig(_Section):
+    """One RL job: generate on instances, verify (CPU stage, then an optional GPU stage), update, publish.
+
+    Generation time per sample is `generate_s`, or `tokens / tokens_per_s` when both are given.
+    """
+
+    name: str = Field("job", min_length=1)
     iterations: int = Field(10, ge=1)
     samples: int = Field(256, ge=1, description="samples per iteration")
-    instances: int = Field(2, ge=1)
-    slots: int = Field(64, ge=1, description="sequences one instance generates at once")
-    workers: int = Field(4, ge=1, description="verifier workers")
-    update_s: float = Field(0.5, ge=0)
-    publish_s: float = Field(0.01, ge=0)
-    overlap: bool = True
+    instances: int = Field(2, ge=1, description="rollout instances")
+    gpus_per_instance: int = Field(1, ge=0)
+    slots: int = Field(64, ge=1, description="sequences one instance generates at once (its batch)")
+    trainer_gpus: int = Field(2, ge=0)
+    generate_s: Distribution | None = None
+    tokens: Distribution | None = Field(None, description="generated tokens per sample")
+    tokens_per_s: Distribution | None = Field(None, description="decode speed of one sequence")
+    verify_cpu_s: Distribution = Constant(value=0.01)
+    verify_gpu_s: Distribution | None = Field(None, description="a GPU stage after the CPU stage")
+    update_s: Distribution = Constant(value=0.5)
+    update_tokens_per_s: float | None = Field(
+        None, gt=0, description="if set, the update also takes the batch's tokens / this rate"
+    )
+    publish_s: Distribution = Constant(value=0.01)
+    overlap: bool = Field(True, description="verify while generating (false: the sequential baseline)")
+
+    @model_validator(mode="after")
+    def _one_generation_model(self) -> SimJobConfig:
+        by_tokens = self.tokens is not None or self.tokens_per_s is not None
+        if by_tokens and (self.tokens is None or self.tokens_per_s is None):
+            raise ValueError("give both tokens and tokens_per_s (generation time = tokens / tokens_per_s)")
+        if by_tokens == (self.generate_s is not None):
+            raise ValueError("give generate_s, or tokens and tokens_per_s, but not both")
+        if self.update_tokens_per_s is not None and not by_tokens:
+            raise ValueError("update_tokens_per_s needs the token model (tokens and tokens_per_s)")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.trainer_gpus + self.instances * self.gpus_per_instance
 
 
 class ScenarioConfig(_Section):
-    job: SimJobConfig = SimJobConfig()
-    generate: DistConfig = DistConfig(kind="uniform", a=0.1, b=0.5)
-    verify: DistConfig = DistConfig(kind="constant", a=0.01)
+    cluster: SimClusterConfig = SimClusterConfig()
+    pool: SimPoolConfig = SimPoolConfig()
+    jobs: tuple[SimJobConfig, ...] = (SimJobConfig(generate_s=Uniform(low=0.1, high=0.5)),)
     policies: tuple[DispatchPolicy, ...] = (DispatchPolicy.FIFO,)
     seeds: int = Field(5, ge=1)
 
+    @model_validator(mode="after")
+    def _fits(self) -> ScenarioConfig:
+        if not self.jobs:
+            raise ValueError("jobs: a scenario needs at least one job")
+        names = [j.name for j in self.jobs]
+        if len(set(names)) < len(names):
+            raise ValueError(f"jobs: names must differ (got {', '.join(names)}); set jobs.N.name")
+        gpu_stage = [j.name for j in self.jobs if j.verify_gpu_s is not None]
+        if gpu_stage and self.pool.gpu_workers == 0:
+            raise ValueError(
+                f"pool.gpu_workers is 0 but job {gpu_stage[0]} has a GPU verification stage "
+                "(verify_gpu_s); give the pool GPU workers or drop the stage"
+            )
+        need = sum(j.gpus for j in self.jobs) + self.pool.gpu_workers
+        if need > self.cluster.gpus:
+            parts = [
+                f"{j.name} {j.trainer_gpus} trainer + {j.instances}x{j.gpus_per_instance}" for j in self.jobs
+            ]
+            raise ValueError(
+                f"cluster.gpus is {self.cluster.gpus} but the scenario needs {need} "
+                f"({'; '.join(parts)} rollout; pool {self.pool.gpu_workers}); "
+                "raise cluster.gpus or ask for fewer"
+            )
+        cpus = self.pool.cpu_workers * self.pool.cpus_per_worker
+        if cpus > self.cluster.cpus:
+            raise ValueError(
+                f"cluster.cpus is {self.cluster.cpus} but the pool needs {cpus} "
+                f"({self.pool.cpu_workers} workers x {self.pool.cpus_per_worker}); "
+                "raise cluster.cpus or lower pool.cpu_workers"
+            )
+        return self
+
 
 def load_scenario(path: Path | str | None, overrides: list[str] | None = None) -> ScenarioConfig:
+    """A scenario file (`configs/scenarios/*.yaml`); empirical files are read relative to it."""
     return _load(ScenarioConfig, path, overrides)

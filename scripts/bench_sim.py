@@ -16,7 +16,8 @@ import json
 import time
 from pathlib import Path
 
-from rlsched.sim.rljob import Dist, DistKind, RLJobModel, simulate
+from rlsched.config import ScenarioConfig
+from rlsched.sim.rljob import simulate
 
 
 def main() -> None:
@@ -28,19 +29,28 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench_results/bench_sim.json"))
     args = ap.parse_args()
-    model = RLJobModel(
-        iterations=args.iterations,
-        samples=args.samples,
-        instances=args.instances,
-        slots=64,
-        workers=args.workers,
-        generate=Dist(DistKind.LOGNORMAL, 2.0, 0.8),
-        verify=Dist(DistKind.LOGNORMAL, 0.5, 1.0),
-        update_s=5.0,
-        publish_s=1.0,
+    scenario = ScenarioConfig.model_validate(
+        {
+            "cluster": {"gpus": args.instances + 64, "cpus": args.workers},
+            "pool": {"cpu_workers": args.workers},
+            "jobs": [
+                {
+                    "name": "bench",
+                    "iterations": args.iterations,
+                    "samples": args.samples,
+                    "instances": args.instances,
+                    "slots": 64,
+                    "trainer_gpus": 64,
+                    "generate_s": {"kind": "lognormal", "mean": 2.0, "sigma": 0.8},
+                    "verify_cpu_s": {"kind": "lognormal", "mean": 0.5, "sigma": 1.0},
+                    "update_s": 5.0,
+                    "publish_s": 1.0,
+                }
+            ],
+        }
     )
     start = time.perf_counter()
-    run = simulate(model, args.seed)
+    run = simulate(scenario, args.seed)
     wall = time.perf_counter() - start
     samples = args.iterations * args.samples
     print(

@@ -22,12 +22,14 @@ import ray
 import torch
 
 from actors.controller import JobController
-from rlsched.config import load_config
+from rlsched.config import ScenarioConfig, load_config
 from rlsched.metrics.spans import Span, SpanKind, phase_times
-from rlsched.sim.rljob import Dist, DistKind, RLJobModel, simulate
+from rlsched.sim.rljob import simulate
 
 
-def fit(spans: list[Span], iterations: range, cfg_workers: int, instances: int, samples: int) -> RLJobModel:
+def fit(
+    spans: list[Span], iterations: range, cfg_workers: int, instances: int, samples: int
+) -> ScenarioConfig:
     def of(kind: SpanKind, it: int) -> list[Span]:
         return [s for s in spans if s.kind is kind and s.iteration == it]
 
@@ -43,16 +45,23 @@ def fit(spans: list[Span], iterations: range, cfg_workers: int, instances: int, 
         # assembling the batch): the time of the iteration that no phase span covers
         covered = t.t_generate + t.t_verify_exposed + t.t_update + t.t_publish + t.t_load
         publish_load.append(t.t_publish + t.t_load + max(0.0, t.t_iter - covered))
-    return RLJobModel(
-        iterations=len(iterations),
-        samples=samples,
-        instances=instances,
-        slots=samples,
-        workers=cfg_workers,
-        generate=Dist(DistKind.EMPIRICAL, values=tuple(arrivals)),
-        verify=Dist(DistKind.EMPIRICAL, values=tuple(verifies)),
-        update_s=statistics.median(updates),
-        publish_s=statistics.median(publish_load),
+    job = {
+        "name": "quickstart",
+        "iterations": len(iterations),
+        "samples": samples,
+        "instances": instances,
+        "slots": samples,
+        "generate_s": {"kind": "empirical", "values": arrivals},
+        "verify_cpu_s": {"kind": "empirical", "values": verifies},
+        "update_s": statistics.median(updates),
+        "publish_s": statistics.median(publish_load),
+    }
+    return ScenarioConfig.model_validate(
+        {
+            "cluster": {"gpus": 2 + instances, "cpus": cfg_workers},
+            "pool": {"cpu_workers": cfg_workers},
+            "jobs": [job],
+        }
     )
 
 
@@ -84,9 +93,9 @@ def main() -> None:
         phase_times([s for s in controller.spans if s.iteration == it]).t_iter for it in counted
     )
     samples = cfg.grpo.prompts_per_step * cfg.grpo.group_size
-    model = fit(controller.spans, counted, cfg.verifier.workers, cfg.rollout.instances, samples)
-    run = simulate(model, seed=args.seed)
-    predicted = statistics.median(run.t_iter(it) for it in range(1, model.iterations + 1))
+    scenario = fit(controller.spans, counted, cfg.verifier.workers, cfg.rollout.instances, samples)
+    run = simulate(scenario, seed=args.seed)
+    predicted = statistics.median(run.t_iter(it) for it in range(1, scenario.jobs[0].iterations + 1))
     error = (predicted - measured) / measured
     print(f"measured median t_iter {measured:.3f} s (Ray, {len(counted)} iterations after a warm-up)")
     print(f"simulated median t_iter {predicted:.3f} s (model fitted from those spans)")
@@ -103,13 +112,8 @@ def main() -> None:
                 "measured_t_iter": measured,
                 "predicted_t_iter": predicted,
                 "relative_error": error,
-                "model": {
-                    "update_s": model.update_s,
-                    "publish_s": model.publish_s,
-                    "workers": model.workers,
-                    "instances": model.instances,
-                    "slots": model.slots,
-                },
+                "model": scenario.jobs[0].model_dump(mode="json", exclude={"generate_s", "verify_cpu_s"})
+                | {"pool": scenario.pool.model_dump()},
             },
             indent=1,
         )

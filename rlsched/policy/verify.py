@@ -61,9 +61,12 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class Wait:
-    """Not dispatched now, and why (an expected "no", returned as a value)."""
+    """Verifications not dispatched now, and why (an expected "no", returned as a value).
 
-    task_id: TaskId
+    One value per reason, not per task: a queue of thousands costs one tuple, not thousands of
+    objects, on every decision."""
+
+    task_ids: tuple[TaskId, ...]
     reason: str
 
 
@@ -85,10 +88,13 @@ def decide(snapshot: VerifySnapshot, now: float, params: VerifyParams) -> tuple[
     """Pair the best-ordered pending verifications with free workers; the rest wait."""
     del now  # fifo needs no clock; deadline-aware policies will
     free = [w.worker_id for w in snapshot.workers if w.free]
-    decisions: list[Decision] = []
-    for i, task in enumerate(_ordered(snapshot.pending, params.policy)):
-        if i < len(free):
-            decisions.append(Dispatch(task.task_id, free[i]))
-        else:
-            decisions.append(Wait(task.task_id, f"all {len(snapshot.workers)} verifier workers are busy"))
+    ordered = _ordered(snapshot.pending, params.policy)
+    decisions: list[Decision] = [Dispatch(t.task_id, w) for t, w in zip(ordered, free, strict=False)]
+    if len(ordered) > len(free):
+        reason = (
+            f"the {len(free)} free verifier worker(s) went to earlier work"
+            if free
+            else "no verifier worker is free"
+        )
+        decisions.append(Wait(tuple(t.task_id for t in ordered[len(free) :]), reason))
     return tuple(decisions)

@@ -1,28 +1,31 @@
-"""An RL job in virtual time: generate on instances, verify on workers, update, publish; repeat.
+"""RL jobs in virtual time: generate on instances, verify on a shared pool, update, publish; repeat.
 
-The first model of the simulator, and the smallest that exercises the runtime's decisions: each
-iteration asks for `samples` generations, spread over `instances` rollout instances of `slots`
-concurrent sequences each; a sample's generation time is drawn from a distribution; each finished
-sample is handed to `rlsched.policy.verify.decide` (the function the Ray controller calls) and
-verified on one of `workers` workers for a drawn duration; when the batch is judged, the update and
-the publish take their durations. Spans use the runtime's schema, so `phase_times` and the Chrome
-trace serve both. With `overlap` off, verification waits for the whole batch (the sequential
-baseline).
+A scenario (`rlsched.config.ScenarioConfig`) holds one or more jobs and one verifier pool they share.
+Each iteration of a job asks for `samples` generations spread over `instances` rollout instances of
+`slots` concurrent sequences each; a sample's generation time is drawn (`generate_s`, or
+`tokens / tokens_per_s`). Each finished sample becomes a pending verification of the pool's CPU
+stage; if the job has a GPU stage it then queues for a GPU worker, which runs one verification at a
+time (an exclusive device). Every dispatch is decided by `rlsched.policy.verify.decide`, the function
+the Ray controller calls, over the pending work of every job. When a job's batch is judged, its update
+and publish take their drawn durations and the next iteration starts. With `overlap` off a job hands
+its samples to the pool only once all of them exist (the sequential baseline).
 
-Departures, on purpose and for now: generation speed does not depend on how many slots are busy, and
+Spans use the runtime's schema (with a `job` attribute), so `phase_times` and the Chrome trace serve
+both. Departures, on purpose and for now: generation speed does not depend on how many slots are busy;
 the policy sees every pending task but only as many free workers as those tasks could take (exact for
 one-slot verifications, O(pending) per decision).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import partial
 from itertools import islice
 
 import numpy as np
 
+from rlsched.config import ScenarioConfig, SimJobConfig
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.policy.queueing import fcfs
 from rlsched.policy.verify import (
@@ -37,66 +40,10 @@ from rlsched.policy.verify import (
     WorkerSlot,
     decide,
 )
+from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
 
-
-class DistKind(StrEnum):
-    CONSTANT = "constant"
-    UNIFORM = "uniform"
-    LOGNORMAL = "lognormal"
-    EMPIRICAL = "empirical"  # draws from observed `values` (e.g. fitted from a runtime's spans)
-
-
-@dataclass(frozen=True)
-class Dist:
-    """A duration distribution in seconds: constant(a), uniform(a, b), lognormal(mean a, sigma b)."""
-
-    kind: DistKind
-    a: float = 0.0
-    b: float = 0.0
-    values: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind is DistKind.EMPIRICAL and (not self.values or min(self.values) < 0):
-            raise ValueError("an empirical distribution needs at least one non-negative value")
-        if self.a < 0 or self.b < 0:
-            raise ValueError(f"{self.kind} distribution parameters must be non-negative ({self.a}, {self.b})")
-        if self.kind is DistKind.UNIFORM and self.b < self.a:
-            raise ValueError("uniform(a, b) needs a <= b")
-
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        match self.kind:
-            case DistKind.CONSTANT:
-                return np.full(n, self.a)
-            case DistKind.UNIFORM:
-                return rng.uniform(self.a, self.b, n)
-            case DistKind.EMPIRICAL:
-                return rng.choice(np.asarray(self.values, dtype=float), n)
-            case DistKind.LOGNORMAL:  # parameterised by its mean, so `a` reads as seconds
-                mu = np.log(self.a) - self.b**2 / 2 if self.a > 0 else -np.inf
-                return rng.lognormal(mu, self.b, n) if self.a > 0 else np.zeros(n)
-
-
-@dataclass(frozen=True)
-class RLJobModel:
-    iterations: int = 3
-    samples: int = 256
-    instances: int = 2
-    slots: int = 64
-    generate: Dist = Dist(DistKind.UNIFORM, 0.1, 0.5)
-    verify: Dist = Dist(DistKind.CONSTANT, 0.01)
-    workers: int = 4
-    update_s: float = 0.5
-    publish_s: float = 0.01
-    overlap: bool = True
-    dispatch: DispatchPolicy = DispatchPolicy.FIFO
-
-    def __post_init__(self) -> None:
-        for name in ("iterations", "samples", "instances", "slots", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
-        if self.update_s < 0 or self.publish_s < 0:
-            raise ValueError("update_s and publish_s must be non-negative")
+Done = Callable[[TaskId, float, WorkerId], None]  # (task, start, worker), called at the end
 
 
 @dataclass
@@ -104,55 +51,32 @@ class SimRun:
     spans: list[Span] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)
     events: int = 0
+    busy_s: dict[str, float] = field(default_factory=dict)  # verification seconds per pool stage
 
-    def t_iter(self, iteration: int) -> float:
-        return phase_times([s for s in self.spans if s.iteration == iteration]).t_iter
+    def of_job(self, job: str) -> list[Span]:
+        return [s for s in self.spans if s.attrs.get("job") == job]
+
+    def t_iter(self, iteration: int, job: str | None = None) -> float:
+        spans = self.spans if job is None else self.of_job(job)
+        return phase_times([s for s in spans if s.iteration == iteration]).t_iter
 
 
-class _Job:
-    """The job's state between events; every method is an event handler or a phase."""
+class _Stage:
+    """One kind of verifier worker (CPU or GPU), shared by every job: its queue and its free workers."""
 
-    def __init__(self, model: RLJobModel, sim: Simulator, run: SimRun) -> None:
-        self.m, self.sim, self.run = model, sim, run
+    def __init__(self, name: str, workers: int, sim: Simulator, policy: DispatchPolicy) -> None:
+        self.name, self.sim, self.params = name, sim, VerifyParams(policy)
         # free workers in the order they became free (a dict: ordered, O(1) removal); the policy is
         # shown free slots only, so a decision costs O(free + pending), not O(all workers)
-        self.free: dict[WorkerId, None] = {WorkerId(f"verifier-{k}"): None for k in range(model.workers)}
-        self.verify_s: np.ndarray = np.zeros(0)
+        self.free: dict[WorkerId, None] = {WorkerId(f"{name}-{k}"): None for k in range(workers)}
         self.pending: dict[TaskId, PendingVerification] = {}
-        self.started: dict[TaskId, float] = {}
-        self.iteration = 0
-        self.generating = 0
-        self.unjudged = 0
-        self.t_start = 0.0
+        self.work: dict[TaskId, tuple[float, Done]] = {}
+        self.busy_s = 0.0
 
-    def start_iteration(self) -> None:
-        self.iteration += 1
-        self.t_start = self.sim.now
-        self.generating = self.unjudged = self.m.samples
-        durations = self.m.generate.draw(self.sim.rng, self.m.samples)
-        self.verify_s = self.m.verify.draw(self.sim.rng, self.m.samples)  # sample n's verification time
-        for inst in range(self.m.instances):  # sample n on instance n mod instances, `slots` at once
-            members = range(inst, self.m.samples, self.m.instances)
-            lanes = fcfs([0.0] * len(members), [float(durations[n]) for n in members], self.m.slots)
-            for n, end in zip(members, lanes.ends, strict=True):
-                self.sim.at(self.sim.now + end, partial(self.on_sample, n, inst))
-
-    def on_sample(self, n: int, inst: int) -> None:
-        task = TaskId(f"{self.iteration}-{n}")
-        self.run.spans.append(
-            Span(
-                SpanKind.GENERATE,
-                task,
-                self.t_start,
-                self.sim.now,
-                self.iteration,
-                {"lane": f"rollout-{inst}"},
-            )
-        )
-        self.pending[task] = PendingVerification(task, BatchId(f"iter-{self.iteration}"), self.sim.now)
-        self.generating -= 1
-        if self.m.overlap or self.generating == 0:
-            self.dispatch()
+    def submit(self, task: PendingVerification, duration: float, done: Done) -> None:
+        """Queue a verification; the caller calls `dispatch` once it has submitted what it has."""
+        self.pending[task.task_id] = task
+        self.work[task.task_id] = (duration, done)
 
     def dispatch(self) -> None:
         if not self.pending or not self.free:
@@ -161,50 +85,131 @@ class _Job:
         # which need k slots at once, will need the snapshot to say so)
         slots = tuple(WorkerSlot(w) for w in islice(self.free, len(self.pending)))
         snapshot = VerifySnapshot(tuple(self.pending.values()), slots)
-        for d in decide(snapshot, self.sim.now, VerifyParams(self.m.dispatch)):
+        for d in decide(snapshot, self.sim.now, self.params):
             if isinstance(d, Dispatch):
-                self.pending.pop(d.task_id)
+                del self.pending[d.task_id]
                 del self.free[d.worker_id]
-                self.started[d.task_id] = self.sim.now
                 self.sim.record(f"dispatch {d.task_id} -> {d.worker_id}")
-                duration = float(self.verify_s[int(d.task_id.rsplit("-", 1)[1])])
-                self.sim.after(duration, partial(self.on_verified, d.worker_id, d.task_id))
+                duration, _ = self.work[d.task_id]
+                self.sim.after(duration, partial(self._finish, d.worker_id, d.task_id, self.sim.now))
 
-    def on_verified(self, worker: WorkerId, task: TaskId) -> None:
+    def _finish(self, worker: WorkerId, task: TaskId, start: float) -> None:
         self.free[worker] = None
-        self.run.spans.append(
-            Span(
-                SpanKind.VERIFY, task, self.started.pop(task), self.sim.now, self.iteration, {"lane": worker}
-            )
-        )
-        self.unjudged -= 1
-        if self.unjudged == 0:
-            self.sim.after(self.m.update_s, self.on_updated)
-        else:
-            self.dispatch()
+        duration, done = self.work.pop(task)
+        self.busy_s += duration
+        done(task, start, worker)
+        self.dispatch()
+
+
+class _Job:
+    """One job's state between events; every method is an event handler or a phase."""
+
+    def __init__(self, cfg: SimJobConfig, sim: Simulator, run: SimRun, cpu: _Stage, gpu: _Stage | None):
+        self.cfg, self.sim, self.run, self.cpu, self.gpu = cfg, sim, run, cpu, gpu
+        self.name = cfg.name
+        self.cpu_s: np.ndarray = np.zeros(0)
+        self.gpu_s: np.ndarray = np.zeros(0)
+        self.tokens: np.ndarray = np.zeros(0)
+        self.held: list[tuple[PendingVerification, int]] = []  # sequential baseline: the batch so far
+        self.iteration = 0
+        self.generating = 0
+        self.unjudged = 0
+        self.t_start = 0.0
 
     def _span(self, kind: SpanKind, span_id: str, start: float, lane: str) -> None:
         """A span of the current iteration ending now."""
-        self.run.spans.append(Span(kind, span_id, start, self.sim.now, self.iteration, {"lane": lane}))
+        attrs = {"lane": lane, "job": self.name}
+        self.run.spans.append(Span(kind, span_id, start, self.sim.now, self.iteration, attrs))
 
-    def on_updated(self) -> None:
-        self._span(SpanKind.UPDATE, f"update-{self.iteration}", self.sim.now - self.m.update_s, "trainer")
-        self.sim.after(self.m.publish_s, self.on_published)
+    def _generation_times(self, n: int) -> np.ndarray:
+        c, rng = self.cfg, self.sim.rng
+        if c.generate_s is not None:
+            return draw(c.generate_s, rng, n)
+        assert c.tokens is not None and c.tokens_per_s is not None  # the config guarantees one model
+        self.tokens = np.round(draw(c.tokens, rng, n))
+        seconds: np.ndarray = self.tokens / np.maximum(draw(c.tokens_per_s, rng, n), 1e-12)
+        return seconds
 
-    def on_published(self) -> None:
+    def start_iteration(self) -> None:
+        c = self.cfg
+        self.iteration += 1
+        self.t_start = self.sim.now
+        self.generating = self.unjudged = c.samples
+        durations = self._generation_times(c.samples)
+        self.cpu_s = draw(c.verify_cpu_s, self.sim.rng, c.samples)  # sample n's verification times
+        if c.verify_gpu_s is not None:
+            self.gpu_s = draw(c.verify_gpu_s, self.sim.rng, c.samples)
+        for inst in range(c.instances):  # sample n on instance n mod instances, `slots` at once
+            members = range(inst, c.samples, c.instances)
+            lanes = fcfs([0.0] * len(members), [float(durations[n]) for n in members], c.slots)
+            for n, end in zip(members, lanes.ends, strict=True):
+                self.sim.at(self.sim.now + end, partial(self.on_sample, n, inst))
+
+    def on_sample(self, n: int, inst: int) -> None:
+        task = TaskId(f"{self.name}/{self.iteration}-{n}")
+        self._span(SpanKind.GENERATE, task, self.t_start, f"{self.name}/rollout-{inst}")
+        pending = PendingVerification(task, BatchId(f"{self.name}/iter-{self.iteration}"), self.sim.now)
+        self.generating -= 1
+        if self.cfg.overlap:
+            self.cpu.submit(pending, float(self.cpu_s[n]), partial(self.on_cpu_done, n))
+            self.cpu.dispatch()
+            return
+        self.held.append((pending, n))
+        if self.generating == 0:
+            for p, k in self.held:
+                self.cpu.submit(p, float(self.cpu_s[k]), partial(self.on_cpu_done, k))
+            self.held.clear()
+            self.cpu.dispatch()
+
+    def on_cpu_done(self, n: int, task: TaskId, start: float, worker: WorkerId) -> None:
+        self._span(SpanKind.VERIFY, task, start, worker)
+        if self.gpu is None:
+            self.on_judged()
+            return
+        pending = PendingVerification(task, BatchId(f"{self.name}/iter-{self.iteration}"), self.sim.now)
+        self.gpu.submit(pending, float(self.gpu_s[n]), self.on_gpu_done)
+        self.gpu.dispatch()
+
+    def on_gpu_done(self, task: TaskId, start: float, worker: WorkerId) -> None:
+        self._span(SpanKind.VERIFY, f"{task}/gpu", start, worker)
+        self.on_judged()
+
+    def on_judged(self) -> None:
+        self.unjudged -= 1
+        if self.unjudged > 0:
+            return
+        c = self.cfg
+        update = float(draw(c.update_s, self.sim.rng, 1)[0])
+        if c.update_tokens_per_s is not None:
+            update += float(self.tokens.sum()) / c.update_tokens_per_s
+        self.sim.after(update, partial(self.on_updated, update))
+
+    def on_updated(self, took: float) -> None:
+        it, lane = self.iteration, f"{self.name}/trainer"
+        self._span(SpanKind.UPDATE, f"{self.name}/update-{it}", self.sim.now - took, lane)
+        publish = float(draw(self.cfg.publish_s, self.sim.rng, 1)[0])
+        self.sim.after(publish, partial(self.on_published, publish))
+
+    def on_published(self, took: float) -> None:
         it = self.iteration
-        self._span(SpanKind.PUBLISH, f"v{it}", self.sim.now - self.m.publish_s, "trainer")
-        self._span(SpanKind.ITERATION, f"iter-{it}", self.t_start, "controller")
-        self.sim.record(f"iteration {it} done")
-        if it < self.m.iterations:
+        self._span(SpanKind.PUBLISH, f"{self.name}/v{it}", self.sim.now - took, f"{self.name}/trainer")
+        self._span(SpanKind.ITERATION, f"{self.name}/iter-{it}", self.t_start, f"{self.name}/controller")
+        self.sim.record(f"{self.name} iteration {it} done")
+        if it < self.cfg.iterations:
             self.start_iteration()
 
 
-def simulate(model: RLJobModel, seed: int) -> SimRun:
+def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
+    """One run of every job of the scenario, under `policy` (default: the scenario's first)."""
+    policy = policy or scenario.policies[0]
     sim = Simulator(seed)
     run = SimRun()
-    job = _Job(model, sim, run)
-    sim.at(0.0, job.start_iteration)
+    cpu = _Stage("cpu", scenario.pool.cpu_workers, sim, policy)
+    gpu = _Stage("gpu", scenario.pool.gpu_workers, sim, policy) if scenario.pool.gpu_workers else None
+    for cfg in scenario.jobs:
+        job = _Job(cfg, sim, run, cpu, gpu if cfg.verify_gpu_s is not None else None)
+        sim.at(0.0, job.start_iteration)
     run.events = sim.run()
     run.decisions = sim.decisions
+    run.busy_s = {"cpu": cpu.busy_s} | ({"gpu": gpu.busy_s} if gpu is not None else {})
     return run

@@ -172,28 +172,68 @@ def test_simulate_prints_a_table_and_writes_outputs(tmp_path: Path) -> None:
         "--seeds",
         "2",
         "--set",
-        "job.iterations=3",
+        "jobs.0.iterations=3",
         "--out",
         str(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr
-    assert "t_iter" in proc.stdout and "fifo" in proc.stdout and "95% interval over 2 seeds" in proc.stdout
+    assert (
+        "t_iter" in proc.stdout
+        and "fifo" in proc.stdout
+        and "95% interval over 2 seeds" in proc.stdout
+        and "±" in proc.stdout
+    )
     summary = json.loads((tmp_path / "simulate.json").read_text())
-    assert summary["results"]["fifo"]["t_iter"]["mean"] > 0
+    assert summary["results"]["fifo"]["quickstart"]["t_iter"]["mean"] > 0
+    assert 0 < summary["results"]["fifo"]["pool/cpu"]["utilisation"]["mean"] < 1
+    assert (tmp_path / "simulate.png").stat().st_size > 10_000
+    assert len(json.loads((tmp_path / "iterations-fifo-seed0.json").read_text())["quickstart"]) == 3
     assert (tmp_path / "decisions-fifo-seed0.log").read_text().count("dispatch") == 3 * 256
 
 
 @pytest.mark.parametrize(
-    "args, needle",
+    "args, needles",
     [
-        (["--set", "verify.a=-1"], "verify.a"),
-        (["--set", "generate.kind=uniform", "--set", "generate.a=2", "--set", "generate.b=1"], "a <= b"),
-        (["--set", "job.workers=0"], "job.workers"),
-        (["--set", "policies=[fastest]"], "policies"),
+        (["--set", "jobs.0.verify_cpu_s.mean=-1"], ["jobs.0.verify_cpu_s.mean", "greater than 0"]),
+        (["--set", "jobs.0.update_s=-2"], ["jobs.0.update_s.value", "greater than or equal to 0"]),
+        (
+            ["--set", "jobs.0.generate_s={kind: uniform, low: 2, high: 1}"],
+            ["jobs.0.generate_s", "low <= high"],
+        ),
+        (
+            ["--set", "jobs.0.verify_cpu_s={kind: empirical, values: []}"],
+            ["jobs.0.verify_cpu_s", "empty distribution"],
+        ),
+        (["--set", "jobs.0.verify_cpu_s={kind: mixture}"], ["jobs.0.verify_cpu_s", "empty distribution"]),
+        (["--set", "pool.cpu_workers=0"], ["pool.cpu_workers"]),
+        (["--set", "policies=[fastest]"], ["policies", "fastest"]),
+        (["--set", "cluster.gpus=3"], ["cluster.gpus is 3", "needs 4"]),
+        (["--set", "pool.cpu_workers=9"], ["cluster.cpus is 8", "pool needs 9"]),
+        (["--set", "jobs.0.verify_gpu_s=0.1"], ["pool.gpu_workers is 0", "verify_gpu_s"]),
+        (["--set", "jobs.1.name=quickstart", "--set", "jobs.1.generate_s=1"], ["names must differ"]),
+        (["--set", "jobs.5.name=x"], ["index 5 is past the end"]),
     ],
 )
-def test_simulate_bad_scenarios(args: list[str], needle: str) -> None:
-    assert_user_error(rlsched("simulate", "configs/scenarios/quickstart.yaml", *args), needle)
+def test_simulate_bad_scenarios(args: list[str], needles: list[str]) -> None:
+    assert_user_error(rlsched("simulate", "configs/scenarios/quickstart.yaml", *args), *needles)
+
+
+def test_simulate_two_jobs_with_a_gpu_stage_and_an_empirical_file(tmp_path: Path) -> None:
+    proc = rlsched(
+        "simulate",
+        "configs/scenarios/two_jobs.yaml",
+        "--seeds",
+        "1",
+        "--set",
+        "jobs.0.iterations=2",
+        "--set",
+        "jobs.1.iterations=2",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)["results"]["fifo"]
+    assert set(results) == {"math", "code", "pool/cpu", "pool/gpu", "events"}
+    assert results["code"]["t_iter"]["mean"] > results["code"]["t_generate"]["mean"] > 0
 
 
 def test_simulate_unknown_policy_flag() -> None:

@@ -16,20 +16,34 @@ JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
 TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
 TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
 SCENARIO_FILES = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
+SCENARIO_DATA = sorted((ROOT / "configs" / "scenarios" / "data").glob("*"))
 ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
 
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
-    assert set(ALL_CONFIG_FILES) == set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(
-        SCENARIO_FILES
-    )
+    loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(SCENARIO_FILES)
+    assert set(ALL_CONFIG_FILES) == loaders | set(SCENARIO_DATA)
+
+
+def test_every_scenario_data_file_is_read_by_a_shipped_scenario() -> None:
+    from rlsched.config import load_scenario
+
+    used = {
+        (path.parent / dist["file"]).resolve()
+        for path in SCENARIO_FILES
+        for job in load_scenario(path).model_dump()["jobs"]
+        for dist in job.values()
+        if isinstance(dist, dict) and dist.get("kind") == "empirical" and dist.get("file")
+    }
+    assert set(SCENARIO_DATA) <= used
 
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
 def test_scenario_files_load(path: Path) -> None:
     from rlsched.config import load_scenario
 
-    assert load_scenario(path).job.iterations >= 1
+    scenario = load_scenario(path)
+    assert scenario.jobs and all(job.iterations >= 1 for job in scenario.jobs)
 
 
 @pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: p.name)

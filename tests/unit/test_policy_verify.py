@@ -38,13 +38,21 @@ def slot(wid: str, running: str | None = None) -> WorkerSlot:
             [slot("w0")],
             [
                 Dispatch(TaskId("early"), WorkerId("w0")),
-                Wait(TaskId("late"), "all 1 verifier workers are busy"),
+                Wait((TaskId("late"),), "the 1 free verifier worker(s) went to earlier work"),
             ],
         ),
         (  # a busy slot takes nothing until its occupant's exit is observed
             [pending("a", 1.0), pending("b", 2.0)],
             [slot("w0", running="x"), slot("w1")],
-            [Dispatch(TaskId("a"), WorkerId("w1")), Wait(TaskId("b"), "all 2 verifier workers are busy")],
+            [
+                Dispatch(TaskId("a"), WorkerId("w1")),
+                Wait((TaskId("b"),), "the 1 free verifier worker(s) went to earlier work"),
+            ],
+        ),
+        (  # nothing free: one Wait naming every task, in order
+            [pending("b", 2.0), pending("a", 1.0)],
+            [slot("w0", running="x")],
+            [Wait((TaskId("a"), TaskId("b")), "no verifier worker is free")],
         ),
         (  # ties broken by id: a total, reproducible order
             [pending("b", 1.0), pending("a", 1.0)],

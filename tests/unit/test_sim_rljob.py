@@ -1,44 +1,61 @@
-"""The simulated RL job: deterministic, consistent with the analytic queue, and the same policy calls."""
+"""The simulated RL jobs: deterministic, consistent with the analytic queue, the same policy calls,
+two verification stages and several jobs on one pool."""
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
+from typing import Any
+
 import pytest
 
+from rlsched.config import ScenarioConfig
 from rlsched.metrics.spans import SpanKind, phase_times
 from rlsched.policy.queueing import batch
-from rlsched.sim.rljob import Dist, DistKind, RLJobModel, simulate
+from rlsched.sim.rljob import simulate
 
-MODEL = RLJobModel(
-    iterations=2,
-    samples=128,
-    instances=2,
-    slots=16,
-    workers=3,
-    generate=Dist(DistKind.LOGNORMAL, 0.2, 0.8),
-    verify=Dist(DistKind.UNIFORM, 0.005, 0.05),
-)
+JOB: dict[str, Any] = {
+    "name": "a",
+    "iterations": 2,
+    "samples": 128,
+    "instances": 2,
+    "slots": 16,
+    "generate_s": {"kind": "lognormal", "mean": 0.2, "sigma": 0.8},
+    "verify_cpu_s": {"kind": "uniform", "low": 0.005, "high": 0.05},
+}
+
+
+def scenario(*jobs: dict[str, Any], cpu_workers: int = 3, gpu_workers: int = 0) -> ScenarioConfig:
+    return ScenarioConfig.model_validate(
+        {
+            "cluster": {"gpus": 64, "cpus": 64},
+            "pool": {"cpu_workers": cpu_workers, "gpu_workers": gpu_workers},
+            "jobs": list(jobs) or [JOB],
+        }
+    )
 
 
 def test_same_seed_same_decision_log_byte_for_byte() -> None:
-    a, b = simulate(MODEL, seed=3), simulate(MODEL, seed=3)
+    a, b = simulate(scenario(), seed=3), simulate(scenario(), seed=3)
     assert "\n".join(a.decisions).encode() == "\n".join(b.decisions).encode()
     assert sum(d.split(" ")[1] == "dispatch" for d in a.decisions) == 2 * 128
-    assert simulate(MODEL, seed=4).decisions != a.decisions
+    assert simulate(scenario(), seed=4).decisions != a.decisions
 
 
 def test_fifo_dispatch_matches_the_analytic_fcfs_batch() -> None:
-    run = simulate(MODEL, seed=5)
+    run = simulate(scenario(), seed=5)
     for it in (1, 2):
         gens = {s.id: s.end for s in run.spans if s.iteration == it and s.kind is SpanKind.GENERATE}
         vers = {s.id: s for s in run.spans if s.iteration == it and s.kind is SpanKind.VERIFY}
         ids = sorted(gens)
-        model = batch([gens[i] for i in ids], [vers[i].duration for i in ids], None, MODEL.workers)
+        model = batch([gens[i] for i in ids], [vers[i].duration for i in ids], None, 3)
         assert max(v.end for v in vers.values()) == pytest.approx(model.completion)
 
 
 def test_overlap_beats_the_sequential_baseline_and_hides_verification() -> None:
-    seq = simulate(RLJobModel(overlap=False), seed=1)
-    ovl = simulate(RLJobModel(overlap=True), seed=1)
+    base = JOB | {"iterations": 3, "samples": 256, "slots": 64, "verify_cpu_s": 0.01}
+    seq = simulate(scenario(base | {"overlap": False}), seed=1)
+    ovl = simulate(scenario(base | {"overlap": True}), seed=1)
     for it in (1, 2, 3):
         s = phase_times([x for x in seq.spans if x.iteration == it])
         o = phase_times([x for x in ovl.spans if x.iteration == it])
@@ -46,26 +63,51 @@ def test_overlap_beats_the_sequential_baseline_and_hides_verification() -> None:
         assert o.t_iter < s.t_iter
 
 
-@pytest.mark.parametrize(
-    "kwargs, needle",
-    [({"workers": 0}, "workers"), ({"update_s": -1.0}, "non-negative"), ({"samples": 0}, "samples")],
-)
-def test_bad_models_are_refused(kwargs: dict[str, object], needle: str) -> None:
-    with pytest.raises(ValueError, match=needle):
-        RLJobModel(**kwargs)  # type: ignore[arg-type]
+def test_gpu_stage_follows_the_cpu_stage_on_exclusive_devices() -> None:
+    job = JOB | {"verify_gpu_s": {"kind": "uniform", "low": 0.01, "high": 0.03}}
+    run = simulate(scenario(job, gpu_workers=2), seed=0)
+    verify = [s for s in run.spans if s.kind is SpanKind.VERIFY]
+    cpu = {s.id: s for s in verify if s.attrs["lane"].startswith("cpu-")}
+    gpu = {s.id.removesuffix("/gpu"): s for s in verify if s.attrs["lane"].startswith("gpu-")}
+    assert len(cpu) == len(gpu) == 2 * 128
+    assert all(gpu[t].start >= cpu[t].end for t in cpu)
+    by_device: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for s in gpu.values():
+        by_device[s.attrs["lane"]].append((s.start, s.end))
+    assert set(by_device) == {"gpu-0", "gpu-1"}
+    for runs in by_device.values():  # one verification at a time on a device
+        runs.sort()
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(runs))
+    assert run.busy_s["gpu"] == pytest.approx(sum(s.duration for s in gpu.values()))
 
 
-def test_empirical_distribution_draws_only_observed_values() -> None:
-    import numpy as np
+def test_two_jobs_share_one_pool_and_each_finishes_its_iterations() -> None:
+    b = JOB | {"name": "b", "iterations": 3, "samples": 64}
+    run = simulate(scenario(JOB, b, cpu_workers=4), seed=2)
+    for name, its, samples in (("a", 2, 128), ("b", 3, 64)):
+        spans = run.of_job(name)
+        assert sorted({s.iteration for s in spans}) == list(range(1, its + 1))
+        assert sum(s.kind is SpanKind.VERIFY for s in spans) == its * samples
+    lanes = defaultdict(set)
+    for s in run.spans:
+        if s.kind is SpanKind.VERIFY:
+            lanes[s.attrs["job"]].add(s.attrs["lane"])
+    assert lanes["a"] & lanes["b"], "both jobs' samples ran on the same workers"
+    assert all(f"{name} iteration" in "\n".join(run.decisions) for name in ("a", "b"))
 
-    d = Dist(DistKind.EMPIRICAL, values=(0.1, 0.2, 0.7))
-    assert set(d.draw(np.random.default_rng(0), 200).tolist()) == {0.1, 0.2, 0.7}
 
-
-def test_bad_distributions_are_refused() -> None:
-    with pytest.raises(ValueError, match="empirical"):
-        Dist(DistKind.EMPIRICAL)
-    with pytest.raises(ValueError, match="non-negative"):
-        Dist(DistKind.CONSTANT, -1.0)
-    with pytest.raises(ValueError, match="a <= b"):
-        Dist(DistKind.UNIFORM, 2.0, 1.0)
+def test_token_model_times_generation_and_the_update() -> None:
+    job = JOB | {
+        "generate_s": None,
+        "tokens": 100,
+        "tokens_per_s": 50,
+        "update_s": 1.0,
+        "update_tokens_per_s": 12800,
+        "iterations": 1,
+        "slots": 64,  # every sample of an instance at once
+    }
+    run = simulate(scenario(job), seed=0)
+    gens = [s for s in run.spans if s.kind is SpanKind.GENERATE]
+    assert all(s.duration == pytest.approx(2.0) for s in gens)  # 100 tokens at 50/s
+    (update,) = [s for s in run.spans if s.kind is SpanKind.UPDATE]
+    assert update.duration == pytest.approx(1.0 + 128 * 100 / 12800)
