@@ -15,6 +15,8 @@ from typing import Any
 from rlsched.errors import UserError
 from rlsched.policy import iteration as iteration_model
 from rlsched.policy import queueing
+from rlsched.policy import verify as verify_policy
+from rlsched.policy.estimate import EstimatorParams, RemainingTime
 
 
 def parse_list(text: str, name: str) -> list[float]:
@@ -72,6 +74,72 @@ def calc_batch(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def calc_remaining(args: argparse.Namespace) -> dict[str, Any]:
+    if (args.samples is None) == (args.dist is None):
+        raise UserError("calc remaining: give --samples LIST or --dist SPEC (one of them)")
+    if args.samples is not None:
+        values = parse_list(args.samples, "samples")
+        source = f"{len(values)} samples"
+    else:
+        values = _draws(args.dist)
+        source = f"{len(values):,} draws of {args.dist} (seed 0)"
+    if args.elapsed < 0:
+        raise ValueError("--elapsed must be non-negative")
+    est = RemainingTime(EstimatorParams(window=len(values), min_observations=1))
+    for v in values:
+        est.observe("calc", "", v)
+    return {
+        "inputs": {"history": source, "elapsed": args.elapsed, "quantile": args.quantile},
+        "remaining": est.remaining("calc", "", args.elapsed),
+        "mean": est.remaining("calc", ""),
+        f"remaining_q{args.quantile:g}": est.quantile("calc", "", args.quantile, args.elapsed),
+        "formula": "E[S - e | S > e] = integral of S(t) from e on / S(e), S the Kaplan-Meier survival",
+    }
+
+
+def _draws(spec: str, n: int = 100_000) -> list[float]:
+    import numpy as np
+    import yaml
+    from pydantic import TypeAdapter, ValidationError
+
+    from rlsched.sim.dists import Distribution, draw
+
+    try:
+        dist = TypeAdapter(Distribution).validate_python(yaml.safe_load(spec))
+    except (ValidationError, yaml.YAMLError) as err:
+        first = str(err).splitlines()[-1 if isinstance(err, yaml.YAMLError) else 1].strip()
+        raise UserError(
+            f"calc remaining: --dist {spec!r} is not a distribution ({first}); "
+            "e.g. --dist '{kind: pareto, scale: 1, shape: 1.5}'"
+        ) from None
+    return [float(x) for x in draw(dist, np.random.default_rng(0), n)]
+
+
+def calc_latest_start(args: argparse.Namespace) -> dict[str, Any]:
+    if args.need < 0 or args.prep < 0:
+        raise ValueError("--need and --prep must be non-negative")
+    start, prep_start = verify_policy.latest_start(args.completion, args.need, args.prep)
+    return {
+        "inputs": {"completion": args.completion, "need": args.need, "prep": args.prep},
+        "latest_start": start,
+        "latest_prep_start": prep_start,
+        "formula": "latest start = completion - need; preparation starts prep earlier",
+    }
+
+
+def calc_deferral(args: argparse.Namespace) -> dict[str, Any]:
+    if args.saved < 0 or args.group_devices < 0 or args.delay < 0:
+        raise ValueError("--saved, --group-devices and --delay must be non-negative")
+    net = verify_policy.deferral_net(args.saved, args.group_devices, args.delay)
+    return {
+        "inputs": {"saved": args.saved, "group_devices": args.group_devices, "delay": args.delay},
+        "idle_cost": args.group_devices * args.delay,
+        "net": net,
+        "verdict": "defer" if net > 0 else "do not defer",
+        "formula": "net device-seconds = saved - group devices x delay",
+    }
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -96,6 +164,9 @@ CALCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "iteration": calc_iteration,
     "queue": calc_queue,
     "batch": calc_batch,
+    "remaining": calc_remaining,
+    "latest-start": calc_latest_start,
+    "deferral": calc_deferral,
 }
 
 
@@ -113,7 +184,22 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--cpu", required=True, help="CPU (compile) seconds per sample")
     b.add_argument("--gpu", help="GPU (execution) seconds per sample (default 0)")
     b.add_argument("--workers", type=int, required=True)
-    for p in (it, q, b):
+    r = sub.add_parser("remaining", help="a verification's expected remaining time given its elapsed time")
+    r.add_argument("--samples", help="observed durations, e.g. 1*9,100")
+    r.add_argument("--dist", help="or a distribution, e.g. '{kind: lognormal, mean: 2, sigma: 1.5}'")
+    r.add_argument("--elapsed", type=float, default=0.0, metavar="S", help="seconds already run (default 0)")
+    r.add_argument(
+        "--quantile", type=float, default=0.9, metavar="P", help="also this quantile (default 0.9)"
+    )
+    ls = sub.add_parser("latest-start", help="when work must start (and be prepared) to end by a completion")
+    ls.add_argument("--completion", type=float, required=True, metavar="T", help="when the batch ends")
+    ls.add_argument("--need", type=float, required=True, metavar="S", help="seconds the work needs")
+    ls.add_argument("--prep", type=float, default=0.0, metavar="S", help="seconds of preparation before it")
+    d = sub.add_parser("deferral", help="is deferring verification work worth the training group's idling")
+    d.add_argument("--saved", type=float, required=True, metavar="DEVICE_S", help="device-seconds saved")
+    d.add_argument("--group-devices", type=float, required=True, metavar="N", help="devices of the group")
+    d.add_argument("--delay", type=float, required=True, metavar="S", help="extra seconds the group waits")
+    for p in (it, q, b, r, ls, d):
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -338,6 +338,14 @@ class SimPoolConfig(_Section):
     cpu_workers: int = Field(4, ge=1, description="workers for the CPU stage of each verification")
     cpus_per_worker: int = Field(1, ge=1)
     gpu_workers: int = Field(0, ge=0, description="workers holding one GPU each, for the GPU stage")
+    autoscale: bool = Field(
+        False, description="distrs only: resize the pool over time by advise_pool (history-based scaling)"
+    )
+    scale_interval_s: float = Field(1.0, gt=0, description="how often the pool size is reconsidered")
+    start_s: float = Field(0.0, ge=0, description="seconds a worker added by scaling takes to start")
+    worker_cost: float = Field(
+        1.0, ge=0, description="one worker-second against one idle device-second of a training group"
+    )
 
 
 class SimJobConfig(_Section):
@@ -364,6 +372,24 @@ class SimJobConfig(_Section):
     )
     publish_s: Distribution = Constant(value=0.01)
     overlap: bool = Field(True, description="verify while generating (false: the sequential baseline)")
+    group_size: int = Field(1, ge=1, description="samples per problem in an iteration (GRPO's group)")
+    problems: int | None = Field(
+        None, ge=1, description="dataset size: problems recur across iterations (none: always new ones)"
+    )
+    verify_spread: float = Field(
+        0.0, ge=0, description="sigma of a sample's lognormal factor around its problem's verify time"
+    )
+
+    @model_validator(mode="after")
+    def _groups_divide(self) -> SimJobConfig:
+        if self.samples % self.group_size:
+            raise ValueError(f"samples ({self.samples}) must be a multiple of group_size ({self.group_size})")
+        if self.problems is not None and self.problems < self.samples // self.group_size:
+            raise ValueError(
+                f"problems ({self.problems}) must cover one iteration's {self.samples // self.group_size} "
+                "problems (samples / group_size)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_generation_model(self) -> SimJobConfig:

@@ -25,19 +25,23 @@ from itertools import islice
 
 import numpy as np
 
-from rlsched.config import ScenarioConfig, SimJobConfig
+from rlsched.config import ScenarioConfig, SimJobConfig, SimPoolConfig
 from rlsched.metrics.spans import Span, SpanKind, phase_times
+from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.queueing import fcfs
 from rlsched.policy.verify import (
     BatchId,
+    BatchState,
     Dispatch,
     DispatchPolicy,
     PendingVerification,
+    RunningVerification,
     TaskId,
     VerifyParams,
     VerifySnapshot,
     WorkerId,
     WorkerSlot,
+    advise_pool,
     decide,
 )
 from rlsched.sim.dists import draw
@@ -52,6 +56,7 @@ class SimRun:
     decisions: list[str] = field(default_factory=list)
     events: int = 0
     busy_s: dict[str, float] = field(default_factory=dict)  # verification seconds per pool stage
+    worker_s: dict[str, float] = field(default_factory=dict)  # provisioned worker-seconds per stage
 
     def of_job(self, job: str) -> list[Span]:
         return [s for s in self.spans if s.attrs.get("job") == job]
@@ -62,43 +67,121 @@ class SimRun:
 
 
 class _Stage:
-    """One kind of verifier worker (CPU or GPU), shared by every job: its queue and its free workers."""
+    """One kind of verifier worker (CPU or GPU), shared by every job: its queue, its workers, what
+    it has learnt about verification times, and (with autoscaling) how many workers it holds."""
 
-    def __init__(self, name: str, workers: int, sim: Simulator, policy: DispatchPolicy) -> None:
-        self.name, self.sim, self.params = name, sim, VerifyParams(policy)
+    def __init__(
+        self, name: str, workers: int, sim: Simulator, policy: DispatchPolicy, pool: SimPoolConfig
+    ) -> None:
+        self.name, self.sim, self.params, self.pool = name, sim, VerifyParams(policy), pool
+        self.max_workers = workers
         # free workers in the order they became free (a dict: ordered, O(1) removal); the policy is
         # shown free slots only, so a decision costs O(free + pending), not O(all workers)
         self.free: dict[WorkerId, None] = {WorkerId(f"{name}-{k}"): None for k in range(workers)}
+        self.spare: list[WorkerId] = []  # released by scaling, ready to be started again
         self.pending: dict[TaskId, PendingVerification] = {}
+        self.running: dict[TaskId, RunningVerification] = {}
         self.work: dict[TaskId, tuple[float, Done]] = {}
+        self.jobs: list[_Job] = []
+        self.estimator = RemainingTime()
         self.busy_s = 0.0
+        self.provisioned = workers
+        self.worker_s = 0.0
+        self._since = 0.0  # when `provisioned` last changed
+
+    @property
+    def autoscale(self) -> bool:
+        return self.pool.autoscale and self.params.policy is DispatchPolicy.DISTRS
 
     def submit(self, task: PendingVerification, duration: float, done: Done) -> None:
         """Queue a verification; the caller calls `dispatch` once it has submitted what it has."""
         self.pending[task.task_id] = task
         self.work[task.task_id] = (duration, done)
 
-    def dispatch(self) -> None:
-        if not self.pending or not self.free:
-            return
+    def _snapshot(self) -> VerifySnapshot:
         # no more free slots than pending tasks could take: exact for one-slot tasks (gang verifiers,
         # which need k slots at once, will need the snapshot to say so)
         slots = tuple(WorkerSlot(w) for w in islice(self.free, len(self.pending)))
-        snapshot = VerifySnapshot(tuple(self.pending.values()), slots)
-        for d in decide(snapshot, self.sim.now, self.params):
+        if self.params.policy is not DispatchPolicy.DISTRS:
+            return VerifySnapshot(tuple(self.pending.values()), slots, estimator=self.estimator)
+        return VerifySnapshot(
+            tuple(self.pending.values()),
+            slots,
+            running=tuple(self.running.values()),
+            batches=tuple(j.batch_state() for j in self.jobs if j.active),
+            estimator=self.estimator,
+            pool_size=self.provisioned,
+        )
+
+    def dispatch(self) -> None:
+        if not self.pending or not self.free:
+            return
+        for d in decide(self._snapshot(), self.sim.now, self.params):
             if isinstance(d, Dispatch):
-                del self.pending[d.task_id]
+                task = self.pending.pop(d.task_id)
                 del self.free[d.worker_id]
+                self.running[d.task_id] = RunningVerification(
+                    d.task_id, task.batch_id, self.sim.now, task.kind, task.key
+                )
                 self.sim.record(f"dispatch {d.task_id} -> {d.worker_id}")
                 duration, _ = self.work[d.task_id]
                 self.sim.after(duration, partial(self._finish, d.worker_id, d.task_id, self.sim.now))
 
     def _finish(self, worker: WorkerId, task: TaskId, start: float) -> None:
-        self.free[worker] = None
+        run = self.running.pop(task)
         duration, done = self.work.pop(task)
         self.busy_s += duration
+        self.estimator.observe(run.kind, run.key, duration)
+        if self.autoscale and self.provisioned > self._target:
+            self._resize(self.provisioned - 1)  # over target: this worker goes back as it frees
+            self.spare.append(worker)
+        else:
+            self.free[worker] = None
         done(task, start, worker)
         self.dispatch()
+
+    # -- pool size over time (distrs with `pool.autoscale`) -----------------------------------------
+
+    _target = 0
+
+    def _resize(self, provisioned: int) -> None:
+        self.worker_s += self.provisioned * (self.sim.now - self._since)
+        self.provisioned, self._since = provisioned, self.sim.now
+
+    def start_scaling(self) -> None:
+        self._target = self.max_workers
+        self.sim.after(self.pool.scale_interval_s, self.rescale)
+
+    def rescale(self) -> None:
+        if not any(j.active for j in self.jobs):
+            return  # every job is done: no further ticks
+        snapshot = VerifySnapshot(
+            tuple(self.pending.values()),
+            (),
+            running=tuple(self.running.values()),
+            batches=tuple(j.batch_state() for j in self.jobs if j.active),
+            estimator=self.estimator,
+        )
+        advice = advise_pool(snapshot, self.sim.now, self.params, self.max_workers, self.pool.worker_cost)
+        self._target = advice.workers
+        self.sim.record(f"{self.name} pool -> {advice.workers}: {advice.reason}")
+        while self.provisioned > self._target and self.free:  # release idle workers now
+            worker, _ = self.free.popitem()
+            self.spare.append(worker)
+            self._resize(self.provisioned - 1)
+        if self.provisioned < self._target:
+            adding = self._target - self.provisioned
+            self._resize(self._target)  # paid for from the request, start-up included
+            for _ in range(adding):
+                self.sim.after(self.pool.start_s, self._started)
+        self.sim.after(self.pool.scale_interval_s, self.rescale)
+
+    def _started(self) -> None:
+        self.free[self.spare.pop()] = None
+        self.dispatch()
+
+    def close(self) -> None:
+        self._resize(self.provisioned)
 
 
 class _Job:
@@ -110,11 +193,27 @@ class _Job:
         self.cpu_s: np.ndarray = np.zeros(0)
         self.gpu_s: np.ndarray = np.zeros(0)
         self.tokens: np.ndarray = np.zeros(0)
+        self.problem_of: list[int] = []  # sample n of this iteration -> its problem
+        self.base: dict[int, tuple[float, float]] = {}  # a problem's CPU and GPU verify seconds
+        self.order = np.zeros(0, dtype=np.int64)  # the dataset's problems in this epoch's order
+        self.next_problem = 0
         self.held: list[tuple[PendingVerification, int]] = []  # sequential baseline: the batch so far
         self.iteration = 0
         self.generating = 0
         self.unjudged = 0
         self.t_start = 0.0
+        self.last_generation_s: float | None = None  # how long the previous iteration generated
+        self.active = True
+
+    def batch_state(self) -> BatchState:
+        end = None if self.last_generation_s is None else self.t_start + self.last_generation_s
+        return BatchState(
+            BatchId(f"{self.name}/iter-{self.iteration}"),
+            cost_rate=float(self.cfg.trainer_gpus),
+            outstanding=self.generating,
+            generation_end=end,
+            kind=self.name,
+        )
 
     def _span(self, kind: SpanKind, span_id: str, start: float, lane: str) -> None:
         """A span of the current iteration ending now."""
@@ -130,26 +229,61 @@ class _Job:
         seconds: np.ndarray = self.tokens / np.maximum(draw(c.tokens_per_s, rng, n), 1e-12)
         return seconds
 
+    def _problems(self, count: int) -> list[int]:
+        """This iteration's problems: new ones each time, or the dataset's in epochs."""
+        if self.cfg.problems is None:
+            first = self.next_problem
+            self.next_problem += count
+            return list(range(first, first + count))
+        out = []
+        for _ in range(count):
+            if self.next_problem % self.cfg.problems == 0:
+                self.order = self.sim.rng.permutation(self.cfg.problems)
+            out.append(int(self.order[self.next_problem % self.cfg.problems]))
+            self.next_problem += 1
+        return out
+
+    def _verify_times(self, problems: list[int]) -> None:
+        """Each sample's CPU (and GPU) seconds: its problem's, times a lognormal spread."""
+        c, rng = self.cfg, self.sim.rng
+        new = [p for p in dict.fromkeys(problems) if p not in self.base]
+        cpu = draw(c.verify_cpu_s, rng, len(new))
+        gpu = draw(c.verify_gpu_s, rng, len(new)) if c.verify_gpu_s is not None else np.zeros(len(new))
+        self.base.update(zip(new, zip(cpu.tolist(), gpu.tolist(), strict=True), strict=True))
+        self.problem_of = [p for p in problems for _ in range(c.group_size)]
+        self.cpu_s = np.array([self.base[p][0] for p in self.problem_of])
+        self.gpu_s = np.array([self.base[p][1] for p in self.problem_of])
+        if c.verify_spread > 0:
+            sigma = c.verify_spread
+            self.cpu_s *= rng.lognormal(-(sigma**2) / 2, sigma, c.samples)
+            self.gpu_s *= rng.lognormal(-(sigma**2) / 2, sigma, c.samples)
+        if c.problems is None:
+            self.base.clear()  # never seen again
+
     def start_iteration(self) -> None:
         c = self.cfg
         self.iteration += 1
         self.t_start = self.sim.now
         self.generating = self.unjudged = c.samples
         durations = self._generation_times(c.samples)
-        self.cpu_s = draw(c.verify_cpu_s, self.sim.rng, c.samples)  # sample n's verification times
-        if c.verify_gpu_s is not None:
-            self.gpu_s = draw(c.verify_gpu_s, self.sim.rng, c.samples)
+        self._verify_times(self._problems(c.samples // c.group_size))
         for inst in range(c.instances):  # sample n on instance n mod instances, `slots` at once
             members = range(inst, c.samples, c.instances)
             lanes = fcfs([0.0] * len(members), [float(durations[n]) for n in members], c.slots)
             for n, end in zip(members, lanes.ends, strict=True):
                 self.sim.at(self.sim.now + end, partial(self.on_sample, n, inst))
 
+    def _pending(self, task: TaskId, n: int) -> PendingVerification:
+        batch = BatchId(f"{self.name}/iter-{self.iteration}")
+        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=f"p{self.problem_of[n]}")
+
     def on_sample(self, n: int, inst: int) -> None:
         task = TaskId(f"{self.name}/{self.iteration}-{n}")
         self._span(SpanKind.GENERATE, task, self.t_start, f"{self.name}/rollout-{inst}")
-        pending = PendingVerification(task, BatchId(f"{self.name}/iter-{self.iteration}"), self.sim.now)
+        pending = self._pending(task, n)
         self.generating -= 1
+        if self.generating == 0:
+            self.last_generation_s = self.sim.now - self.t_start
         if self.cfg.overlap:
             self.cpu.submit(pending, float(self.cpu_s[n]), partial(self.on_cpu_done, n))
             self.cpu.dispatch()
@@ -166,7 +300,7 @@ class _Job:
         if self.gpu is None:
             self.on_judged()
             return
-        pending = PendingVerification(task, BatchId(f"{self.name}/iter-{self.iteration}"), self.sim.now)
+        pending = self._pending(task, n)
         self.gpu.submit(pending, float(self.gpu_s[n]), self.on_gpu_done)
         self.gpu.dispatch()
 
@@ -197,6 +331,8 @@ class _Job:
         self.sim.record(f"{self.name} iteration {it} done")
         if it < self.cfg.iterations:
             self.start_iteration()
+        else:
+            self.active = False
 
 
 def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
@@ -204,12 +340,24 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
     policy = policy or scenario.policies[0]
     sim = Simulator(seed)
     run = SimRun()
-    cpu = _Stage("cpu", scenario.pool.cpu_workers, sim, policy)
-    gpu = _Stage("gpu", scenario.pool.gpu_workers, sim, policy) if scenario.pool.gpu_workers else None
+    pool = scenario.pool
+    stages = {"cpu": _Stage("cpu", pool.cpu_workers, sim, policy, pool)}
+    if pool.gpu_workers:
+        stages["gpu"] = _Stage("gpu", pool.gpu_workers, sim, policy, pool)
     for cfg in scenario.jobs:
-        job = _Job(cfg, sim, run, cpu, gpu if cfg.verify_gpu_s is not None else None)
+        gpu = stages["gpu"] if cfg.verify_gpu_s is not None else None
+        job = _Job(cfg, sim, run, stages["cpu"], gpu)
+        for stage in (stages["cpu"], gpu):
+            if stage is not None:
+                stage.jobs.append(job)
         sim.at(0.0, job.start_iteration)
+    for stage in stages.values():
+        if stage.autoscale:
+            stage.start_scaling()
     run.events = sim.run()
     run.decisions = sim.decisions
-    run.busy_s = {"cpu": cpu.busy_s} | ({"gpu": gpu.busy_s} if gpu is not None else {})
+    for name, stage in stages.items():
+        stage.close()
+        run.busy_s[name] = stage.busy_s
+        run.worker_s[name] = stage.worker_s
     return run

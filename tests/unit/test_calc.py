@@ -85,11 +85,35 @@ def test_batch_spec_section_3() -> None:
         (["queue", "--arrivals", "0,1", "--service", "1,2,3", "--workers", "1"], "one per job"),
         (["queue", "--arrivals", "0,x", "--service", "1", "--workers", "1"], "expected numbers"),
         (["batch", "--arrivals", "0", "--cpu", "1", "--workers", "0"], "at least 1"),
+        (["remaining"], "give --samples LIST or --dist SPEC"),
+        (["remaining", "--dist", "{kind: gamma}"], "is not a distribution"),
+        (["remaining", "--samples", "1,2", "--elapsed", "-1"], "non-negative"),
+        (["remaining", "--samples", "1,2", "--quantile", "1.5"], "between 0 and 1"),
+        (["deferral", "--saved", "-1", "--group-devices", "1", "--delay", "1"], "non-negative"),
     ],
 )
 def test_bad_input_is_a_user_error(argv: list[str], needle: str) -> None:
     with pytest.raises(UserError, match=needle):
         calc(*argv)
+
+
+def test_remaining_spec_section_3() -> None:
+    out = calc("remaining", "--samples", "1*9,100", "--elapsed", "10")
+    assert out["remaining"] == pytest.approx(90) and out["mean"] == pytest.approx(10.9)
+    assert calc("remaining", "--samples", "1*9,100")["remaining"] == pytest.approx(10.9)
+    pareto = calc("remaining", "--dist", "{kind: pareto, scale: 1, shape: 3}", "--elapsed", "10")
+    assert pareto["remaining"] == pytest.approx(10 / (3 - 1), rel=0.1)  # e / (alpha - 1)
+
+
+def test_latest_start_spec_section_3() -> None:
+    out = calc("latest-start", "--completion", "120", "--need", "100", "--prep", "5")
+    assert (out["latest_start"], out["latest_prep_start"]) == (20, 15)
+
+
+@pytest.mark.parametrize("devices, net, verdict", [("64", -68, "do not defer"), ("16", 28, "defer")])
+def test_deferral_spec_section_3(devices: str, net: float, verdict: str) -> None:
+    out = calc("deferral", "--saved", "60", "--group-devices", devices, "--delay", "2")
+    assert out["net"] == net and out["verdict"] == verdict
 
 
 def test_iteration_model_directly() -> None:
