@@ -21,7 +21,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,13 @@ from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, Sampli
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import load_checkpoint, load_state_bytes, save_checkpoint
 from rlsched.model.template import load_template
+from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.verify import (
     BatchId,
+    BatchState,
     Dispatch,
     PendingVerification,
+    RunningVerification,
     TaskId,
     VerifyParams,
     VerifySnapshot,
@@ -50,7 +53,7 @@ from rlsched.policy.verify import (
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.grpo import group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
-from rlsched.rl.task import TaskProblem, build_task
+from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
 from rlsched.rl.update import TrainItem
 from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, run_verifier
@@ -109,6 +112,8 @@ class JobController:
         self.version = 0
         self._busy: dict[WorkerId, TaskId | None] = {}
         self._free_at_arrival: dict[TaskId, bool] = {}  # was a worker free when the sample arrived?
+        self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
+        self._batch = BatchState(BatchId("iter-0"))
         self.reload(*self.group.publish(0), iteration=0)
 
     # -- phases ----------------------------------------------------------------------------------
@@ -138,13 +143,18 @@ class JobController:
         self._busy, self._free_at_arrival = busy, {}
         while streams or pending or inflight:
             if self.cfg.schedule.overlap or not streams:
+                self._batch = BatchState(
+                    BatchId(f"iter-{iteration}"),
+                    cost_rate=float(self.cfg.trainer.ranks * max(1, self.cfg.trainer.gpus_per_rank)),
+                    outstanding=len(requests) - len(samples),
+                )
                 self._dispatch(pending, inflight, busy, references, samples)
             waitables = [*streams, *inflight]
             ray.wait(waitables, num_returns=1)  # block until something is done,
             ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)  # then take all that are
             for ref in ready:
                 if ref in streams:
-                    self._on_sample(iteration, ref, streams, start, samples, pending)
+                    self._on_sample(iteration, ref, streams, start, samples, pending, references)
                 else:
                     self._on_outcome(iteration, inflight.pop(ref), ref, busy, pending, outcomes)
         return samples, outcomes
@@ -157,6 +167,7 @@ class JobController:
         start: float,
         samples: dict[RequestId, Sample],
         pending: dict[TaskId, PendingVerification],
+        references: dict[RequestId, TaskProblem],
     ) -> None:
         try:
             sample: Sample = ray.get(next(stream))
@@ -176,7 +187,8 @@ class JobController:
             )
         )
         task = TaskId(sample.request_id)
-        pending[task] = PendingVerification(task, BatchId(f"iter-{iteration}"), arrival=now)
+        kind, key = self._kind_key(references[sample.request_id])
+        pending[task] = PendingVerification(task, BatchId(f"iter-{iteration}"), now, kind=kind, key=key)
         self._free_at_arrival[task] = len(pending) <= sum(t is None for t in self._busy.values())
 
     def _dispatch(
@@ -189,7 +201,17 @@ class JobController:
     ) -> None:
         if not pending:
             return
-        snapshot = VerifySnapshot(tuple(pending.values()), tuple(WorkerSlot(w, t) for w, t in busy.items()))
+        running = tuple(
+            RunningVerification(j.task.task_id, j.task.batch_id, j.dispatched, j.task.kind, j.task.key)
+            for j in inflight.values()
+        )
+        snapshot = VerifySnapshot(
+            tuple(pending.values()),
+            tuple(WorkerSlot(w, t) for w, t in busy.items()),
+            running=running,
+            batches=(self._batch,),
+            estimator=self.estimator,
+        )
         for decision in decide(snapshot, self.clock(), VerifyParams(self.cfg.verifier.dispatch)):
             if not isinstance(decision, Dispatch):
                 continue
@@ -213,10 +235,12 @@ class JobController:
     ) -> None:
         now = self.clock()
         try:
-            outcome, w_start, _ = ray.get(ref)
+            outcome, w_start, w_end = ray.get(ref)
         except ray.exceptions.RayError as err:  # the worker itself died: an execution fault
-            outcome, w_start = ExecutionFault(job.task.task_id, FaultKind.CRASH, repr(err)), now
+            outcome, w_start, w_end = ExecutionFault(job.task.task_id, FaultKind.CRASH, repr(err)), now, now
         busy[job.worker] = None  # the occupant's exit has been observed: the slot is free again
+        if not isinstance(outcome, ExecutionFault):  # faults say nothing about how long judging takes
+            self.estimator.observe(job.task.kind, job.task.key, max(0.0, w_end - w_start))
         self.spans.append(
             Span(
                 SpanKind.VERIFY,
@@ -236,12 +260,16 @@ class JobController:
         )
         rid = RequestId(job.task.task_id)
         if isinstance(outcome, ExecutionFault) and job.task.attempt < self.cfg.grpo.verify_retries:
-            retry = PendingVerification(
-                job.task.task_id, job.task.batch_id, job.task.arrival, job.task.attempt + 1
-            )
+            retry = replace(job.task, attempt=job.task.attempt + 1)
             pending[retry.task_id] = retry
             return
         outcomes[rid] = outcome
+
+    def _kind_key(self, problem: TaskProblem) -> tuple[str, str]:
+        """The verifier kind and the key whose history predicts a problem's verification time."""
+        if isinstance(problem, JsonlProblem):
+            return problem.verifier or self.cfg.verifier.kind, problem.id
+        return self.cfg.verifier.kind, problem.content
 
     def assemble(
         self,

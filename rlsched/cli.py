@@ -201,6 +201,37 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox_run(args: argparse.Namespace) -> int:
+    from verifiers.sandbox import SandboxLimits, run_sandboxed
+
+    if not args.file.is_file():
+        raise UserError(f"{args.file} does not exist; give a Python file to run in the sandbox")
+    try:
+        limits = SandboxLimits(
+            timeout_s=args.timeout, memory_mb=args.memory, cpu_s=max(1, int(args.timeout) + 1)
+        )
+        program = args.file.read_text()
+    except ValueError as err:
+        raise UserError(f"sandbox run: {err} (--timeout and --memory must be positive)") from None
+    result = run_sandboxed(program, limits)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    print(result.stdout, end="" if result.stdout.endswith("\n") or not result.stdout else "\n")
+    if result.stderr:
+        err_console.print(result.stderr.rstrip(), markup=False, highlight=False)
+    latency = (
+        f", killed in {1000 * result.kill_latency_s:.1f} ms" if result.kill_latency_s is not None else ""
+    )
+    console.print(
+        f"outcome={result.outcome} exit_code={result.exit_code} wall={result.wall_s:.3f}s "
+        f"cpu={result.cpu_s:.3f}s max_rss={result.max_rss_mb:.0f}MB isolation={result.isolation}{latency}",
+        markup=False,
+        highlight=False,
+    )
+    return 0
+
+
 def cmd_model_export(args: argparse.Namespace) -> int:
     from rlsched.model.checkpoint import export_checkpoint
 
@@ -289,6 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.set_defaults(func=cmd_simulate)
+
+    box = sub.add_parser("sandbox", help="run untrusted Python the way verifiers do")
+    box_sub = box.add_subparsers(dest="sandbox_command", required=True, metavar="SUBCOMMAND")
+    box_run = box_sub.add_parser("run", help="run one Python file in the sandbox and report what happened")
+    box_run.add_argument("file", type=Path, help="the program (standard library only)")
+    box_run.add_argument(
+        "--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit (default 10)"
+    )
+    box_run.add_argument(
+        "--memory", type=int, default=512, metavar="MB", help="address-space limit (default 512)"
+    )
+    box_run.add_argument("--json", action="store_true", help="print one JSON object")
+    box_run.set_defaults(func=cmd_sandbox_run)
 
     model = sub.add_parser("model", help="checkpoints")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")

@@ -70,3 +70,17 @@ def batch(
     q = fcfs(arrivals, services, workers)
     bound = max(a + s for a, s in zip(arrivals, services, strict=True))
     return BatchResult(q, q.completion, bound)
+
+
+def arrival_aware_bound(arrivals: Sequence[float], services: Sequence[float], workers: int) -> float:
+    """No schedule on `workers` workers finishes a batch sooner than
+    `max(max_i(a_i + s_i), max_t (t + sum of s_i with a_i >= t) / W)`: the slowest sample from its
+    arrival, and the work that arrives from any time on, spread perfectly over every worker."""
+    _check(arrivals, services, workers)
+    pairs = sorted(zip(arrivals, services, strict=True))
+    bound = max(a + s for a, s in pairs)
+    suffix = 0.0
+    for a, s in reversed(pairs):
+        suffix += s
+        bound = max(bound, a + suffix / workers)
+    return bound

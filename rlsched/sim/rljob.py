@@ -27,6 +27,7 @@ import numpy as np
 
 from rlsched.config import ScenarioConfig, SimJobConfig, SimPoolConfig
 from rlsched.metrics.spans import Span, SpanKind, phase_times
+from rlsched.policy.dispatch_queue import DispatchQueue
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.queueing import fcfs
 from rlsched.policy.verify import (
@@ -79,11 +80,12 @@ class _Stage:
         # shown free slots only, so a decision costs O(free + pending), not O(all workers)
         self.free: dict[WorkerId, None] = {WorkerId(f"{name}-{k}"): None for k in range(workers)}
         self.spare: list[WorkerId] = []  # released by scaling, ready to be started again
-        self.pending: dict[TaskId, PendingVerification] = {}
-        self.running: dict[TaskId, RunningVerification] = {}
+        self.estimator = RemainingTime()
+        self.pending = DispatchQueue(self.params, self.estimator)  # in the policy's order
+        self.running: dict[TaskId, tuple[PendingVerification, float]] = {}  # and when it started
         self.work: dict[TaskId, tuple[float, Done]] = {}
         self.jobs: list[_Job] = []
-        self.estimator = RemainingTime()
+        self.learns = policy is not DispatchPolicy.FIFO or pool.autoscale  # fifo needs no estimates
         self.busy_s = 0.0
         self.provisioned = workers
         self.worker_s = 0.0
@@ -95,43 +97,60 @@ class _Stage:
 
     def submit(self, task: PendingVerification, duration: float, done: Done) -> None:
         """Queue a verification; the caller calls `dispatch` once it has submitted what it has."""
-        self.pending[task.task_id] = task
+        self.pending.push(task)
         self.work[task.task_id] = (duration, done)
 
     def _snapshot(self) -> VerifySnapshot:
+        """What `decide` sees when the order depends on the clock (distrs, several batches queued)."""
         # no more free slots than pending tasks could take: exact for one-slot tasks (gang verifiers,
         # which need k slots at once, will need the snapshot to say so)
         slots = tuple(WorkerSlot(w) for w in islice(self.free, len(self.pending)))
-        if self.params.policy is not DispatchPolicy.DISTRS:
-            return VerifySnapshot(tuple(self.pending.values()), slots, estimator=self.estimator)
         return VerifySnapshot(
-            tuple(self.pending.values()),
+            self.pending.tasks(),
             slots,
-            running=tuple(self.running.values()),
+            running=self._running(),
             batches=tuple(j.batch_state() for j in self.jobs if j.active),
             estimator=self.estimator,
             pool_size=self.provisioned,
         )
 
+    def _running(self) -> tuple[RunningVerification, ...]:
+        return tuple(
+            RunningVerification(t.task_id, t.batch_id, start, t.kind, t.key)
+            for t, start in self.running.values()
+        )
+
+    def _decisions(self) -> list[tuple[PendingVerification, WorkerId]]:
+        """The policy's pairs of (verification, free worker): from `decide` when the order depends
+        on the clock, otherwise from the queue that keeps `decide`'s order incrementally."""
+        if self.pending.needs_decide:
+            pairs = []
+            for d in decide(self._snapshot(), self.sim.now, self.params):
+                if isinstance(d, Dispatch):
+                    task = self.pending.discard(d.task_id)
+                    assert task is not None
+                    pairs.append((task, d.worker_id))
+            return pairs
+        workers = list(islice(self.free, len(self.pending)))
+        return [(task, w) for w in workers if (task := self.pending.pop()) is not None]
+
     def dispatch(self) -> None:
-        if not self.pending or not self.free:
+        if not len(self.pending) or not self.free:
             return
-        for d in decide(self._snapshot(), self.sim.now, self.params):
-            if isinstance(d, Dispatch):
-                task = self.pending.pop(d.task_id)
-                del self.free[d.worker_id]
-                self.running[d.task_id] = RunningVerification(
-                    d.task_id, task.batch_id, self.sim.now, task.kind, task.key
-                )
-                self.sim.record(f"dispatch {d.task_id} -> {d.worker_id}")
-                duration, _ = self.work[d.task_id]
-                self.sim.after(duration, partial(self._finish, d.worker_id, d.task_id, self.sim.now))
+        for task, worker in self._decisions():
+            del self.free[worker]
+            self.running[task.task_id] = (task, self.sim.now)
+            self.sim.record(f"dispatch {task.task_id} -> {worker}")
+            duration, _ = self.work[task.task_id]
+            self.sim.after(duration, partial(self._finish, worker, task.task_id, self.sim.now))
 
     def _finish(self, worker: WorkerId, task: TaskId, start: float) -> None:
-        run = self.running.pop(task)
+        pending, _ = self.running.pop(task)
         duration, done = self.work.pop(task)
         self.busy_s += duration
-        self.estimator.observe(run.kind, run.key, duration)
+        if self.learns:
+            self.estimator.observe(pending.kind, pending.key, duration)
+            self.pending.observed(pending.kind, pending.key)
         if self.autoscale and self.provisioned > self._target:
             self._resize(self.provisioned - 1)  # over target: this worker goes back as it frees
             self.spare.append(worker)
@@ -156,9 +175,9 @@ class _Stage:
         if not any(j.active for j in self.jobs):
             return  # every job is done: no further ticks
         snapshot = VerifySnapshot(
-            tuple(self.pending.values()),
+            self.pending.tasks(),
             (),
-            running=tuple(self.running.values()),
+            running=self._running(),
             batches=tuple(j.batch_state() for j in self.jobs if j.active),
             estimator=self.estimator,
         )
@@ -275,7 +294,8 @@ class _Job:
 
     def _pending(self, task: TaskId, n: int) -> PendingVerification:
         batch = BatchId(f"{self.name}/iter-{self.iteration}")
-        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=f"p{self.problem_of[n]}")
+        key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
+        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key)
 
     def on_sample(self, n: int, inst: int) -> None:
         task = TaskId(f"{self.name}/{self.iteration}-{n}")

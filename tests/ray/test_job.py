@@ -100,3 +100,25 @@ def test_sequential_baseline_verifies_only_after_generation(ray_session: None) -
         controller.shutdown()
     gen_end = max(s.end for s in controller.spans if s.kind is SpanKind.GENERATE)
     assert min(s.start for s in controller.spans if s.kind is SpanKind.VERIFY) >= gen_end
+
+
+@pytest.mark.parametrize("policy", ["sjf", "distrs"])
+def test_estimate_driven_dispatch_learns_and_judges_every_sample(ray_session: None, policy: str) -> None:
+    controller = JobController(
+        load_config(None, [*SMALL, f"verifier.dispatch={policy}", "verifier.workers=1", "trainer.ranks=1"]),
+        log=lambda _: None,
+    )
+    try:
+        records = [controller.run_iteration(i) for i in (1, 2)]
+    finally:
+        controller.shutdown()
+    samples = 8 * controller.cfg.grpo.group_size
+    for it in (1, 2):
+        verified = [s for s in controller.spans if s.kind is SpanKind.VERIFY and s.iteration == it]
+        assert sorted(s.id for s in verified) == sorted({s.id for s in verified})  # each judged once
+        assert len(verified) == samples
+    assert all(r.faults == 0 for r in records)
+    # the estimator learnt from the pool's outcomes: a key per problem once three siblings were judged
+    kind = controller.cfg.verifier.kind
+    learnt = [key for (k, key) in controller.estimator._by_key if k == kind]
+    assert len(learnt) == 2 * 8 and controller.estimator.estimate(kind, learnt[0]).source == "key"
