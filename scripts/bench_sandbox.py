@@ -63,12 +63,12 @@ def marked(marker: str) -> list[int]:
 
 def plain_subprocess(program: str, timeout: float) -> tuple[float, int]:
     marker = f"rlsched-bench-{uuid.uuid4().hex}"
-    start = 0.0
+    called = time.monotonic()
+    latency = 0.0
     try:
         subprocess.run([sys.executable, "-c", program, marker], timeout=timeout, capture_output=True)
-    except subprocess.TimeoutExpired:
-        start = time.monotonic()
-    latency = time.monotonic() - start if start else 0.0
+    except subprocess.TimeoutExpired:  # run() killed its child and waited: from the deadline to here
+        latency = time.monotonic() - (called + timeout)
     survivors = marked(marker)
     for pid in survivors:  # clean up what the peer left behind
         with contextlib.suppress(ProcessLookupError):
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=0.2)
     ap.add_argument("--json", type=Path, default=Path("bench_results/bench_sandbox.json"))
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=120)
     if not namespaces_available():
         console.print("namespaces are not available here (needs root and unshare); measuring the fallback")
     limits = SandboxLimits(timeout_s=args.timeout)
