@@ -15,11 +15,13 @@ and a 16-GPU training group, bimodal; an eighth of the samples per job on a quar
 to count deadline misses.
 
 The bound, per batch: `max(max_i(a_i + s_i), max_t (t + sum_{a_i >= t} s_i) / W)` (the slowest
-sample from its arrival, and the work arriving from any time on spread over every worker), measured
-from the start of the iteration. Reported per policy, as means over iterations: batch completion /
-bound, the exposed verification tail after generation ends, worker-seconds held by the pool, and
-(two jobs) the share of batches that miss a deadline of 1.1x their bound. Writes
-bench_results/bench_verify.json. The same comparison on the real Ray pool lands with the runtime.
+sample from its arrival, and the work arriving from any time on spread over W workers: the whole
+pool for one job, an equal share of it for two), measured from the start of the iteration. Reported
+per policy, as means over iterations: batch completion / bound, the exposed verification tail after
+generation ends, worker-seconds held by the pool, the training groups' idle device-seconds (trainer
+devices x exposed tail, summed over jobs), and the share of batches that miss a deadline of 1.1x
+their bound. Writes bench_results/bench_verify.json; scripts/bench_verify_ray.py runs the same
+comparison on the real Ray pool.
 """
 
 from __future__ import annotations
@@ -87,31 +89,34 @@ def policy_of(arm: str) -> DispatchPolicy:
     return DispatchPolicy.FIFO if arm == "sequential" else DispatchPolicy(arm.removesuffix("+scaling"))
 
 
-def batches(run: SimRun, workers: int) -> list[dict[str, float]]:
-    """Per job and iteration: completion, bound and exposed tail, from the iteration's start."""
+def batches(run: SimRun, workers: int, devices: dict[str, int]) -> list[dict[str, float]]:
+    """Per job and iteration: completion, bound, exposed tail and the group's idle device-seconds."""
     out = []
     by_batch: dict[tuple[str, int], list[Span]] = {}
     for s in run.spans:
         by_batch.setdefault((s.attrs["job"], s.iteration), []).append(s)
-    for spans in by_batch.values():
+    for (job, _), spans in by_batch.items():
         gen = [s for s in spans if s.kind is SpanKind.GENERATE]
         ver = {s.id: s for s in spans if s.kind is SpanKind.VERIFY}
         t0 = min(s.start for s in gen)
         arrivals = [s.end - t0 for s in gen]
         bound = arrival_aware_bound(arrivals, [ver[s.id].duration for s in gen], workers)
         done = max(v.end for v in ver.values()) - t0
-        out.append({"completion": done, "bound": bound, "exposed": done - max(arrivals)})
+        exposed = done - max(arrivals)
+        out.append({"completion": done, "bound": bound, "exposed": exposed, "idle": devices[job] * exposed})
     return out
 
 
 def measure(args: argparse.Namespace, shape: Any, arm: str, jobs: int) -> dict[str, float]:
     start = time.perf_counter()
-    run = simulate(scenario(args, shape, arm, jobs), args.seed, policy_of(arm))
-    rows = batches(run, args.workers)
+    cfg = scenario(args, shape, arm, jobs)
+    run = simulate(cfg, args.seed, policy_of(arm))
+    rows = batches(run, args.workers // jobs, {j.name: j.trainer_gpus for j in cfg.jobs})
     return {
         "ratio": statistics.mean(r["completion"] / r["bound"] for r in rows),
         "exposed_s": statistics.mean(r["exposed"] for r in rows),
         "worker_s": run.worker_s["cpu"],
+        "idle_device_s": sum(r["idle"] for r in rows) / args.iterations,
         "misses": sum(r["completion"] > DEADLINE_FACTOR * r["bound"] for r in rows) / len(rows),
         "wall_s": time.perf_counter() - start,
     }
@@ -146,6 +151,7 @@ def main() -> None:
         "completion / bound",
         "exposed tail (s)",
         "worker-s",
+        "idle device-s/iter",
         "deadline misses",
     ):
         table.add_column(col, justify="right" if col != "workload" else "left")
@@ -157,6 +163,7 @@ def main() -> None:
                 f"{r['ratio']:.3f}",
                 f"{r['exposed_s']:.1f}",
                 f"{r['worker_s']:,.0f}",
+                f"{r['idle_device_s']:,.0f}",
                 f"{100 * r['misses']:.0f}%",
             )
     console.print(table)

@@ -16,7 +16,7 @@ from typing import Any
 from verifiers.exact_answer import ExactAnswerVerifier
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
 
-SHIPPED = ("exact_answer",)
+SHIPPED = ("exact_answer", "code", "synthetic")
 
 
 class VerifierSpecError(ValueError):
@@ -44,6 +44,14 @@ def load_verifier(spec: str) -> Verifier:
     match spec:
         case "exact_answer":
             return ExactAnswerVerifier()
+        case "code":
+            from verifiers.code import CodeVerifier
+
+            return CodeVerifier()
+        case "synthetic":
+            from verifiers.synthetic import SyntheticVerifier
+
+            return SyntheticVerifier()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise VerifierSpecError(

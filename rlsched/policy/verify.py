@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -162,9 +163,10 @@ def batch_deadlines(snapshot: VerifySnapshot, now: float, params: VerifyParams) 
         e = _coarse(now - r.started + r.elapsed_before)
         left = 1.0 if est is None else est.remaining(r.kind, r.key, e)
         add(r.batch_id, now + left, left)
-    for p in snapshot.pending:
-        planned = 1.0 if est is None else est.quantile(p.kind, p.key, q, p.elapsed)
-        add(p.batch_id, now + planned, _remaining(snapshot, p))
+    alike = Counter((p.batch_id, p.kind, p.key, p.elapsed) for p in snapshot.pending)
+    for (batch, kind, key, elapsed), count in alike.items():  # one estimate per kind of work
+        planned = 1.0 if est is None else est.quantile(kind, key, q, elapsed)
+        add(batch, now + planned, count * (1.0 if est is None else est.remaining(kind, key, elapsed)))
     for b in snapshot.batches:
         if b.outstanding > 0:
             one = 1.0 if est is None else est.quantile(b.kind, "", q)
@@ -189,9 +191,13 @@ def _distrs_order(snapshot: VerifySnapshot, now: float, params: VerifyParams) ->
         deadlines = batch_deadlines(snapshot, now, params)
     info = {b.batch_id: b for b in snapshot.batches}
     est, q = snapshot.estimator, params.quantile
+    needs: dict[tuple[str, str, float], float] = {}
 
     def key(p: PendingVerification) -> tuple[float, float, float, str]:
-        need = 1.0 if est is None else est.quantile(p.kind, p.key, q, p.elapsed)
+        need = needs.get((p.kind, p.key, p.elapsed))
+        if need is None:
+            need = 1.0 if est is None else est.quantile(p.kind, p.key, q, p.elapsed)
+            needs[(p.kind, p.key, p.elapsed)] = need
         batch = info.get(p.batch_id, BatchState(p.batch_id))
         start, _ = latest_start(deadlines[p.batch_id], need, batch.prep_s)
         return (start, -batch.cost_rate, p.arrival, p.task_id)

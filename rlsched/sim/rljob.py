@@ -10,10 +10,17 @@ the Ray controller calls, over the pending work of every job. When a job's batch
 and publish take their drawn durations and the next iteration starts. With `overlap` off a job hands
 its samples to the pool only once all of them exist (the sequential baseline).
 
-Spans use the runtime's schema (with a `job` attribute), so `phase_times` and the Chrome trace serve
-both. Departures, on purpose and for now: generation speed does not depend on how many slots are busy;
-the policy sees every pending task but only as many free workers as those tasks could take (exact for
-one-slot verifications, O(pending) per decision).
+Each pool stage learns verification times per problem (`rlsched.policy.estimate.RemainingTime`, fed
+by every completion) and keeps its queue in the policy's order (`rlsched.policy.dispatch_queue`,
+equal to `decide`'s by a property test; `decide` itself is asked whenever the order depends on the
+clock). Under `distrs` with `pool.autoscale`, `advise_pool` resizes the pool every
+`scale_interval_s`: idle workers are released at once, busy ones as they finish, new ones take
+`start_s` to start; worker-seconds are counted from the request. Spans use the runtime's schema
+(with a `job` attribute), so `phase_times` and the Chrome trace serve both.
+
+Departures, on purpose and for now: generation speed does not depend on how many slots are busy;
+the policy is shown only as many free workers as the pending tasks could take (exact for one-slot
+verifications).
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ class _Stage:
         self.learns = policy is not DispatchPolicy.FIFO or pool.autoscale  # fifo needs no estimates
         self.busy_s = 0.0
         self.provisioned = workers
+        self._target = workers  # what advise_pool last asked for
         self.worker_s = 0.0
         self._since = 0.0  # when `provisioned` last changed
 
@@ -160,8 +168,6 @@ class _Stage:
         self.dispatch()
 
     # -- pool size over time (distrs with `pool.autoscale`) -----------------------------------------
-
-    _target = 0
 
     def _resize(self, provisioned: int) -> None:
         self.worker_s += self.provisioned * (self.sim.now - self._since)

@@ -105,7 +105,16 @@ def test_sequential_baseline_verifies_only_after_generation(ray_session: None) -
 @pytest.mark.parametrize("policy", ["sjf", "distrs"])
 def test_estimate_driven_dispatch_learns_and_judges_every_sample(ray_session: None, policy: str) -> None:
     controller = JobController(
-        load_config(None, [*SMALL, f"verifier.dispatch={policy}", "verifier.workers=1", "trainer.ranks=1"]),
+        load_config(
+            None,  # small enough to fit beside the module's job (8 CPUs in all)
+            [
+                *SMALL,
+                f"verifier.dispatch={policy}",
+                "verifier.workers=1",
+                "trainer.ranks=1",
+                "rollout.instances=1",
+            ],
+        ),
         log=lambda _: None,
     )
     try:

@@ -111,3 +111,25 @@ def test_token_model_times_generation_and_the_update() -> None:
     assert all(s.duration == pytest.approx(2.0) for s in gens)  # 100 tokens at 50/s
     (update,) = [s for s in run.spans if s.kind is SpanKind.UPDATE]
     assert update.duration == pytest.approx(1.0 + 128 * 100 / 12800)
+
+
+@pytest.mark.parametrize(
+    "group_devices, max_worker_share, max_slowdown",
+    [(1000, 0.7, 1.0), (2, 0.5, 1.1)],  # a costly idle group buys speed; a cheap one buys savings
+)
+def test_pool_scaling_weighs_worker_seconds_against_the_idle_group(
+    group_devices: int, max_worker_share: float, max_slowdown: float
+) -> None:
+    job = JOB | {"iterations": 2, "samples": 256, "verify_cpu_s": 0.05, "problems": 32, "group_size": 8}
+    job["trainer_gpus"] = group_devices
+    base = {"cluster": {"gpus": 2000, "cpus": 64}, "jobs": [job], "policies": ["distrs"]}
+    fixed = ScenarioConfig.model_validate(base | {"pool": {"cpu_workers": 32}})
+    scaled = ScenarioConfig.model_validate(
+        base | {"pool": {"cpu_workers": 32, "autoscale": True, "scale_interval_s": 0.2}}
+    )
+    a, b = simulate(fixed, seed=0), simulate(scaled, seed=0)
+    for run in (a, b):
+        assert sum(s.kind is SpanKind.VERIFY for s in run.spans) == 2 * 256
+    assert b.worker_s["cpu"] < max_worker_share * a.worker_s["cpu"]
+    assert b.t_iter(2) <= max_slowdown * a.t_iter(2) + 1e-9
+    assert any(" pool -> " in d for d in b.decisions)

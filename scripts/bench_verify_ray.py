@@ -1,0 +1,161 @@
+"""Verification dispatch policies on the real Ray pool, against the same lower bound as in simulation.
+
+    .venv/bin/python scripts/bench_verify_ray.py [--iterations 3] [--workers 2] [--prompts 16] [--seed 0]
+
+Workload: the RL job on an embedded Ray cluster (1 trainer rank, 2 rollout instances, `--workers`
+verifier workers) on a task file written for the run: 16 addition problems, each carrying a
+verification time drawn once from a tail shape (bimodal 9:1 of 0.02 s and 1 s; lognormal mean 0.1 s,
+sigma 1.5; Pareto scale 0.04 s, alpha 1.5; capped at 3 s), which the `synthetic` verifier spends
+busy on the CPU before judging the answer. Every iteration asks for all 16 problems x 8 samples, so
+from the second iteration on each problem's history predicts its samples. Arms: the sequential
+baseline, fifo, sjf, lrpt, distrs; one fresh job per arm and shape, one Ray session. Figures per arm,
+mean over iterations 2..N: batch completion / bound (bound as in bench_verify.py:
+`max(max_i(a_i + s_i), max_t t + sum_{a_i >= t} s_i / W)` from the measured arrivals and
+verification times), the exposed tail after generation ends, and worker-seconds busy. Writes
+bench_results/bench_verify_ray.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from pydantic import TypeAdapter
+from rich.console import Console
+from rich.table import Table
+
+from actors.controller import JobController
+from rlsched.config import load_config
+from rlsched.metrics.spans import SpanKind
+from rlsched.policy.queueing import arrival_aware_bound
+from rlsched.sim.dists import Distribution, draw
+
+SHAPES: dict[str, Any] = {
+    "bimodal": {"kind": "mixture", "components": [{"weight": 9, "dist": 0.02}, {"weight": 1, "dist": 1.0}]},
+    "lognormal": {"kind": "lognormal", "mean": 0.1, "sigma": 1.5},
+    "pareto": {"kind": "pareto", "scale": 0.04, "shape": 1.5},
+}
+ARMS = ("sequential", "fifo", "sjf", "lrpt", "distrs")
+CAP_S = 3.0
+
+
+def task_file(directory: Path, shape: Any, problems: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    seconds = draw(TypeAdapter(Distribution).validate_python(shape), np.random.default_rng(seed), problems)
+    lines = []
+    for k in range(problems + 8):
+        a, b = rng.randrange(100, 1000), rng.randrange(100, 1000)
+        answer = str(a + b)[::-1]  # the task's format: digits least significant first
+        spend = float(min(seconds[k % problems], CAP_S))
+        split = "train" if k < problems else "eval"
+        reference = json.dumps({"answer": answer, "seconds": round(spend, 4), "burn": True})
+        lines.append(
+            json.dumps({"id": f"p{k}", "prompt": f"{a}+{b}", "reference": reference, "split": split})
+        )
+    path = directory / f"task-{seed}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
+    policy = "fifo" if arm == "sequential" else arm
+    cfg = load_config(
+        None,
+        [
+            "task.name=jsonl",
+            f"task.path={path}",
+            "verifier.kind=synthetic",
+            f"verifier.workers={args.workers}",
+            f"verifier.dispatch={policy}",
+            f"schedule.overlap={str(arm != 'sequential').lower()}",
+            f"grpo.prompts_per_step={args.prompts}",
+            "trainer.ranks=1",
+            "eval.curve_size=8",
+            f"run.seed={args.seed}",
+        ],
+    )
+    controller = JobController(cfg, log=lambda _: None)
+    try:
+        for it in range(1, args.iterations + 1):
+            controller.run_iteration(it)
+    finally:
+        controller.shutdown()
+    rows = []
+    for it in range(2, args.iterations + 1):
+        gen = [s for s in controller.spans if s.iteration == it and s.kind is SpanKind.GENERATE]
+        ver = {s.id: s for s in controller.spans if s.iteration == it and s.kind is SpanKind.VERIFY}
+        t0 = min(s.start for s in gen)
+        arrivals = [s.end - t0 for s in gen]
+        bound = arrival_aware_bound(arrivals, [ver[s.id].duration for s in gen], args.workers)
+        done = max(v.end for v in ver.values()) - t0
+        rows.append((done / bound, done - max(arrivals), sum(v.duration for v in ver.values())))
+    return {
+        "ratio": statistics.mean(r[0] for r in rows),
+        "exposed_s": statistics.mean(r[1] for r in rows),
+        "busy_s": statistics.mean(r[2] for r in rows),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--prompts", type=int, default=16, help="problems in the task file, all asked every iteration"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_verify_ray.json"))
+    args = ap.parse_args()
+    console = Console(width=120)
+    torch.set_num_threads(1)
+    ray.init(num_cpus=8, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False)
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for shape_name, shape in SHAPES.items():
+                path = task_file(Path(tmp), shape, args.prompts, args.seed)
+                results[shape_name] = {}
+                for arm in ARMS:
+                    start = time.perf_counter()
+                    results[shape_name][arm] = measure(path, arm, args)
+                    wall = time.perf_counter() - start
+                    console.print(f"{shape_name:10} {arm:11} {wall:6.1f} s wall", highlight=False)
+    finally:
+        ray.shutdown()
+    table = Table(
+        title=f"verification dispatch on the Ray pool: {args.prompts} x 8 samples, {args.workers} workers"
+    )
+    for col in ("shape", "policy", "completion / bound", "exposed tail (s)", "busy worker-s"):
+        table.add_column(col, justify="left" if col == "shape" else "right")
+    for shape_name, arms in results.items():
+        for arm, r in arms.items():
+            table.add_row(shape_name, arm, f"{r['ratio']:.3f}", f"{r['exposed_s']:.2f}", f"{r['busy_s']:.1f}")
+    console.print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_verify_ray",
+                "mode": "Ray",
+                "seed": args.seed,
+                "workload": vars(args) | {"json": str(args.json), "shapes": SHAPES, "cap_s": CAP_S},
+                "bound": "max(max_i(a_i + s_i), max_t t + sum_{a_i >= t} s_i / W), per batch, measured",
+                "results": results,
+            },
+            indent=1,
+        )
+    )
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
