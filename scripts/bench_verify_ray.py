@@ -52,7 +52,7 @@ def task_file(directory: Path, shape: Any, problems: int, seed: int) -> Path:
     rng = random.Random(seed)
     seconds = draw(TypeAdapter(Distribution).validate_python(shape), np.random.default_rng(seed), problems)
     lines = []
-    for k in range(problems + 8):
+    for k in range(problems + 16):  # and 16 held-out lines, the fewest an eval takes
         a, b = rng.randrange(100, 1000), rng.randrange(100, 1000)
         answer = str(a + b)[::-1]  # the task's format: digits least significant first
         spend = float(min(seconds[k % problems], CAP_S))
@@ -79,7 +79,8 @@ def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
             f"schedule.overlap={str(arm != 'sequential').lower()}",
             f"grpo.prompts_per_step={args.prompts}",
             "trainer.ranks=1",
-            "eval.curve_size=8",
+            "eval.curve_size=16",
+            "task.eval_size=16",
             f"run.seed={args.seed}",
         ],
     )
