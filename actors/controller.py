@@ -150,7 +150,8 @@ class JobController:
                 )
                 self._dispatch(pending, inflight, busy, references, samples)
             waitables = [*streams, *inflight]
-            ray.wait(waitables, num_returns=1)  # block until something is done,
+            ray.wait(waitables, num_returns=1, timeout=0.5)  # block until something is done (or 0.5 s),
+            self._report_overdue(inflight)
             ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)  # then take all that are
             for ref in ready:
                 if ref in streams:
@@ -240,7 +241,9 @@ class JobController:
             outcome, w_start, w_end = ExecutionFault(job.task.task_id, FaultKind.CRASH, repr(err)), now, now
         busy[job.worker] = None  # the occupant's exit has been observed: the slot is free again
         if not isinstance(outcome, ExecutionFault):  # faults say nothing about how long judging takes
-            self.estimator.observe(job.task.kind, job.task.key, max(0.0, w_end - w_start))
+            self.estimator.observe(
+                job.task.kind, job.task.key, max(0.0, w_end - w_start), run_id=job.task.task_id
+            )
         self.spans.append(
             Span(
                 SpanKind.VERIFY,
@@ -264,6 +267,15 @@ class JobController:
             pending[retry.task_id] = retry
             return
         outcomes[rid] = outcome
+
+    def _report_overdue(self, inflight: dict[ray.ObjectRef, _Inflight]) -> None:
+        """Verifications running past their kind's 90th percentile are a lower bound for their
+        problem's queued siblings until the problem has history of its own."""
+        now = self.clock()
+        for job in inflight.values():
+            elapsed = now - job.dispatched
+            if elapsed > self.estimator.quantile(job.task.kind, "", 0.9):
+                self.estimator.running_for(job.task.kind, job.task.key, job.task.task_id, elapsed)
 
     def _kind_key(self, problem: TaskProblem) -> tuple[str, str]:
         """The verifier kind and the key whose history predicts a problem's verification time."""

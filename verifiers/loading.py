@@ -16,7 +16,7 @@ from typing import Any
 from verifiers.exact_answer import ExactAnswerVerifier
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
 
-SHIPPED = ("exact_answer", "code", "synthetic")
+SHIPPED = ("exact_answer", "code", "synthetic", "cuda")
 
 
 class VerifierSpecError(ValueError):
@@ -52,6 +52,10 @@ def load_verifier(spec: str) -> Verifier:
             from verifiers.synthetic import SyntheticVerifier
 
             return SyntheticVerifier()
+        case "cuda":
+            from verifiers.cuda import CudaVerifier
+
+            return CudaVerifier()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise VerifierSpecError(

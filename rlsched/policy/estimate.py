@@ -117,11 +117,24 @@ class RemainingTime:
         self.params = params or EstimatorParams()
         self._by_key: OrderedDict[tuple[str, str], _History] = OrderedDict()
         self._by_kind: dict[str, _History] = {}
+        self._overdue: dict[tuple[str, str], dict[str, float]] = {}  # running past the kind's norm
 
-    def observe(self, kind: str, key: str, seconds: float, censored: bool = False) -> None:
+    def running_for(self, kind: str, key: str, run_id: str, elapsed: float) -> None:
+        """A run of `key` is still going after `elapsed` seconds (a provisional lower bound, dropped
+        when that run is observed). While `key` has too little history of its own, its estimates
+        are the kind's conditioned on it: a sibling already running 5 s says this problem is slow."""
+        self._overdue.setdefault((kind, key), {})[run_id] = elapsed
+
+    def observe(
+        self, kind: str, key: str, seconds: float, censored: bool = False, run_id: str | None = None
+    ) -> None:
         """One run: it finished after `seconds`, or (censored) was stopped after `seconds` unfinished."""
         if seconds < 0 or math.isnan(seconds):
             raise ValueError(f"an observed duration must be non-negative, got {seconds}")
+        if run_id is not None and (overdue := self._overdue.get((kind, key))) is not None:
+            overdue.pop(run_id, None)
+            if not overdue:
+                del self._overdue[(kind, key)]
         by_key = self._by_key.get((kind, key))
         if by_key is None:
             by_key = self._by_key[(kind, key)] = _History(deque(maxlen=self.params.window))
@@ -141,14 +154,22 @@ class RemainingTime:
                 return history, source
         return None, "prior"
 
+    def _floor(self, kind: str, key: str, source: str, elapsed: float) -> tuple[float, str]:
+        """Without a key history of its own, the longest a sibling run has gone on is a lower bound."""
+        if source == "key" or not key or (kind, key) not in self._overdue:
+            return elapsed, source
+        longest = max(self._overdue[(kind, key)].values())
+        return (longest, f"{source}+running") if longest > elapsed else (elapsed, source)
+
     def estimate(self, kind: str, key: str = "", elapsed: float = 0.0) -> Estimate:
         history, source = self._history(kind, key)
+        floor, source = self._floor(kind, key, source, elapsed)
         if history is None:
-            return Estimate(self.params.prior_mean_s, source)
-        answer = history.memo.get((0.0, elapsed))  # p = 0 marks the mean
+            return Estimate(self.params.prior_mean_s + (floor - elapsed), source)
+        answer = history.memo.get((0.0, floor))  # p = 0 marks the mean
         if answer is None:
-            answer = history.memo[(0.0, elapsed)] = _conditional_remaining(history.survival(), elapsed)
-        return Estimate(answer, source)
+            answer = history.memo[(0.0, floor)] = _conditional_remaining(history.survival(), floor)
+        return Estimate(answer + (floor - elapsed), source)
 
     def remaining(self, kind: str, key: str = "", elapsed: float = 0.0) -> float:
         return self.estimate(kind, key, elapsed).remaining_s
@@ -157,13 +178,14 @@ class RemainingTime:
         """The p-quantile of the remaining time `S - e` given `S > e`."""
         if not 0.0 < p < 1.0:
             raise ValueError(f"p must lie strictly between 0 and 1, got {p}")
-        history, _ = self._history(kind, key)
+        history, source = self._history(kind, key)
+        floor, _ = self._floor(kind, key, source, elapsed)
         if history is None:
-            return -self.params.prior_mean_s * math.log(1.0 - p)
-        answer = history.memo.get((p, elapsed))
+            return -self.params.prior_mean_s * math.log(1.0 - p) + (floor - elapsed)
+        answer = history.memo.get((p, floor))
         if answer is None:
-            answer = history.memo[(p, elapsed)] = _conditional_quantile(history.survival(), p, elapsed)
-        return answer
+            answer = history.memo[(p, floor)] = _conditional_quantile(history.survival(), p, floor)
+        return answer + (floor - elapsed)
 
 
 def _conditional_remaining(km: _Survival, e: float) -> float:

@@ -56,6 +56,7 @@ from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
 
 Done = Callable[[TaskId, float, WorkerId], None]  # (task, start, worker), called at the end
+OVERDUE_QUANTILE = 0.9  # a run past this quantile of its kind's times tells its siblings so
 
 
 @dataclass
@@ -151,13 +152,27 @@ class _Stage:
             self.sim.record(f"dispatch {task.task_id} -> {worker}")
             duration, _ = self.work[task.task_id]
             self.sim.after(duration, partial(self._finish, worker, task.task_id, self.sim.now))
+            if self.learns and task.key:  # look again once it has run what its kind usually takes
+                after = max(self.estimator.quantile(task.kind, "", OVERDUE_QUANTILE), 1e-6)
+                self.sim.after(after, partial(self._overdue, task, self.sim.now))
+
+    def _overdue(self, task: PendingVerification, start: float) -> None:
+        """Still running past what its kind usually takes: tell the estimator (a provisional lower
+        bound for the task's siblings), re-key them, and look again when it has run twice as long."""
+        running = self.running.get(task.task_id)
+        if running is None or running[1] != start:
+            return  # finished, or this is a later attempt
+        elapsed = self.sim.now - start
+        self.estimator.running_for(task.kind, task.key, task.task_id, elapsed)
+        self.pending.observed(task.kind, task.key)
+        self.sim.after(elapsed, partial(self._overdue, task, start))
 
     def _finish(self, worker: WorkerId, task: TaskId, start: float) -> None:
         pending, _ = self.running.pop(task)
         duration, done = self.work.pop(task)
         self.busy_s += duration
         if self.learns:
-            self.estimator.observe(pending.kind, pending.key, duration)
+            self.estimator.observe(pending.kind, pending.key, duration, run_id=task)
             self.pending.observed(pending.kind, pending.key)
         if self.autoscale and self.provisioned > self._target:
             self._resize(self.provisioned - 1)  # over target: this worker goes back as it frees

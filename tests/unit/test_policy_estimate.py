@@ -87,3 +87,17 @@ def test_memory_is_bounded() -> None:
 def test_bad_observations_are_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="non-negative"):
         RemainingTime().observe("code", "p", bad)
+
+
+def test_a_sibling_running_long_lifts_the_estimate_until_the_key_has_history() -> None:
+    est = RemainingTime(EstimatorParams(min_observations=2))
+    for _ in range(9):
+        est.observe("code", "other", 1.0)
+    est.observe("code", "other", 100.0)  # the kind: nine of 1 s, one of 100 s
+    assert est.remaining("code", "slow") == pytest.approx(10.9)  # nothing known of this key yet
+    est.running_for("code", "slow", "run-1", 10.0)  # a sibling has run 10 s without finishing
+    got = est.estimate("code", "slow")
+    assert got.source == "kind+running" and got.remaining_s == pytest.approx(100.0)  # 10 + 90 left
+    assert est.quantile("code", "slow", 0.5) == pytest.approx(100.0)
+    est.observe("code", "slow", 100.0, run_id="run-1")  # it finished: the provisional bound goes
+    assert est.estimate("code", "slow").source == "kind"
