@@ -220,8 +220,10 @@ class _Stage:
         self.free[self.spare.pop()] = None
         self.dispatch()
 
-    def close(self) -> None:
-        self._resize(self.provisioned)
+    def close(self, end: float) -> None:
+        """Count worker-seconds up to `end`, when the last job finished (later events are checks
+        that found nothing to do)."""
+        self.worker_s += self.provisioned * (end - self._since)
 
 
 class _Job:
@@ -397,8 +399,9 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
             stage.start_scaling()
     run.events = sim.run()
     run.decisions = sim.decisions
+    end = max((s.end for s in run.spans), default=0.0)
     for name, stage in stages.items():
-        stage.close()
+        stage.close(end)
         run.busy_s[name] = stage.busy_s
         run.worker_s[name] = stage.worker_s
     return run

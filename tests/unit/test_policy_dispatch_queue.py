@@ -27,11 +27,12 @@ op = st.one_of(
     st.tuples(st.just("observe"), st.sampled_from(KEYS), st.integers(1, 40).map(float), st.booleans()),
     st.tuples(st.just("pop"), st.integers(1, 4), st.just(0.0), st.just(False)),
     st.tuples(st.just("discard"), st.integers(0, 30), st.just(0.0), st.just(False)),
+    st.tuples(st.just("running"), st.sampled_from(KEYS), st.integers(1, 60).map(float), st.booleans()),
 )
 
 
 @pytest.mark.parametrize("policy", [p for p in DispatchPolicy])
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(ops=st.lists(op, max_size=60))
 def test_same_order_as_decide(policy: DispatchPolicy, ops: list[tuple[str, object, float, bool]]) -> None:
     est = RemainingTime(EstimatorParams(min_observations=2, prior_mean_s=3.0))
@@ -50,7 +51,11 @@ def test_same_order_as_decide(policy: DispatchPolicy, ops: list[tuple[str, objec
             pending[task.task_id] = task
         elif name == "observe":
             kind = "code" if flag else "math"
-            est.observe(kind, str(arg), value)
+            est.observe(kind, str(arg), value, run_id=f"run-{n % 3}")
+            queue.observed(kind, str(arg))
+        elif name == "running":  # a run of this key has gone on this long (the simulator's report)
+            kind = "code" if flag else "math"
+            est.running_for(kind, str(arg), f"run-{n % 3}", value)
             queue.observed(kind, str(arg))
         elif name == "discard":
             victim = TaskId(f"t{arg}")

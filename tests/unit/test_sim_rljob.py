@@ -133,3 +133,28 @@ def test_pool_scaling_weighs_worker_seconds_against_the_idle_group(
     assert b.worker_s["cpu"] < max_worker_share * a.worker_s["cpu"]
     assert b.t_iter(2) <= max_slowdown * a.t_iter(2) + 1e-9
     assert any(" pool -> " in d for d in b.decisions)
+
+
+@pytest.mark.parametrize("policy", ["sjf", "lrpt", "distrs"])
+def test_incremental_queue_and_decide_make_the_same_decisions(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator's queue (rlsched.policy.dispatch_queue) against `decide` on the whole queue,
+    on a run with per-problem history, overdue siblings and the kind's fallback in play."""
+    from rlsched.policy.dispatch_queue import DispatchQueue
+
+    job = JOB | {
+        "samples": 256,
+        "group_size": 8,
+        "problems": 32,
+        "verify_cpu_s": {
+            "kind": "mixture",
+            "components": [{"weight": 9, "dist": 0.01}, {"weight": 1, "dist": 0.5}],
+        },
+    }
+    cfg = ScenarioConfig.model_validate(
+        {"cluster": {"gpus": 64, "cpus": 64}, "pool": {"cpu_workers": 4}, "jobs": [job], "policies": [policy]}
+    )
+    queued = simulate(cfg, seed=1).decisions
+    monkeypatch.setattr(DispatchQueue, "needs_decide", property(lambda self: True))
+    assert simulate(cfg, seed=1).decisions == queued
