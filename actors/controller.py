@@ -113,7 +113,6 @@ class JobController:
         self._busy: dict[WorkerId, TaskId | None] = {}
         self._free_at_arrival: dict[TaskId, bool] = {}  # was a worker free when the sample arrived?
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
-        self._batch = BatchState(BatchId("iter-0"))
         self.reload(*self.group.publish(0), iteration=0)
 
     # -- phases ----------------------------------------------------------------------------------
@@ -143,12 +142,12 @@ class JobController:
         self._busy, self._free_at_arrival = busy, {}
         while streams or pending or inflight:
             if self.cfg.schedule.overlap or not streams:
-                self._batch = BatchState(
+                batch = BatchState(
                     BatchId(f"iter-{iteration}"),
                     cost_rate=float(self.cfg.trainer.ranks * max(1, self.cfg.trainer.gpus_per_rank)),
                     outstanding=len(requests) - len(samples),
                 )
-                self._dispatch(pending, inflight, busy, references, samples)
+                self._dispatch(pending, inflight, busy, references, samples, batch)
             waitables = [*streams, *inflight]
             ray.wait(waitables, num_returns=1, timeout=0.5)  # block until something is done (or 0.5 s),
             self._report_overdue(inflight)
@@ -199,6 +198,7 @@ class JobController:
         busy: dict[WorkerId, TaskId | None],
         references: dict[RequestId, TaskProblem],
         samples: dict[RequestId, Sample],
+        batch: BatchState,
     ) -> None:
         if not pending:
             return
@@ -210,7 +210,7 @@ class JobController:
             tuple(pending.values()),
             tuple(WorkerSlot(w, t) for w, t in busy.items()),
             running=running,
-            batches=(self._batch,),
+            batches=(batch,),
             estimator=self.estimator,
         )
         for decision in decide(snapshot, self.clock(), VerifyParams(self.cfg.verifier.dispatch)):
@@ -432,6 +432,18 @@ class JobController:
         for handle in [*self.instances.values(), *self.workers.values()]:
             ray.kill(handle)
         self.group.shutdown()
+
+
+def run_silently(cfg: JobConfig, iterations: int) -> JobController:
+    """A job for benchmarks and validation: `iterations` iterations without output, its actors
+    released afterwards; the controller's spans and estimator stay readable."""
+    controller = JobController(cfg, log=lambda _: None)
+    try:
+        for it in range(1, iterations + 1):
+            controller.run_iteration(it)
+    finally:
+        controller.shutdown()
+    return controller
 
 
 def commit_record(path: Path, line: str) -> None:

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from actors.controller import JobController
+from actors.controller import run_silently
 from rlsched.config import load_config
 from rlsched.metrics.spans import SpanKind, phase_times
 
@@ -42,12 +42,7 @@ def measure(overlap: bool, args: argparse.Namespace) -> dict[str, Any]:
             f"run.seed={args.seed}",
         ],
     )
-    controller = JobController(cfg, log=lambda _: None)
-    try:
-        for it in range(1, args.iterations + 1):
-            controller.run_iteration(it)
-    finally:
-        controller.shutdown()
+    controller = run_silently(cfg, args.iterations)
     counted = range(2, args.iterations + 1)
     per_it = [phase_times([s for s in controller.spans if s.iteration == it]) for it in counted]
     medians = {p: statistics.median(getattr(t, p) for t in per_it) for p in PHASES}

@@ -37,8 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlsched.config import ScenarioConfig
-from rlsched.metrics.spans import Span, SpanKind
-from rlsched.policy.queueing import arrival_aware_bound
+from rlsched.metrics.spans import Span, verification_batch
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.rljob import SimRun, simulate
 
@@ -96,14 +95,15 @@ def batches(run: SimRun, workers: int, devices: dict[str, int]) -> list[dict[str
     for s in run.spans:
         by_batch.setdefault((s.attrs["job"], s.iteration), []).append(s)
     for (job, _), spans in by_batch.items():
-        gen = [s for s in spans if s.kind is SpanKind.GENERATE]
-        ver = {s.id: s for s in spans if s.kind is SpanKind.VERIFY}
-        t0 = min(s.start for s in gen)
-        arrivals = [s.end - t0 for s in gen]
-        bound = arrival_aware_bound(arrivals, [ver[s.id].duration for s in gen], workers)
-        done = max(v.end for v in ver.values()) - t0
-        exposed = done - max(arrivals)
-        out.append({"completion": done, "bound": bound, "exposed": exposed, "idle": devices[job] * exposed})
+        b = verification_batch(spans, workers)
+        out.append(
+            {
+                "completion": b.completion,
+                "bound": b.bound,
+                "exposed": b.exposed,
+                "idle": devices[job] * b.exposed,
+            }
+        )
     return out
 
 

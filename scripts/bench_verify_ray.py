@@ -33,10 +33,9 @@ from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
-from actors.controller import JobController
+from actors.controller import run_silently
 from rlsched.config import load_config
-from rlsched.metrics.spans import SpanKind
-from rlsched.policy.queueing import arrival_aware_bound
+from rlsched.metrics.spans import verification_batch
 from rlsched.sim.dists import Distribution, draw
 
 SHAPES: dict[str, Any] = {
@@ -84,21 +83,11 @@ def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
             f"run.seed={args.seed}",
         ],
     )
-    controller = JobController(cfg, log=lambda _: None)
-    try:
-        for it in range(1, args.iterations + 1):
-            controller.run_iteration(it)
-    finally:
-        controller.shutdown()
+    controller = run_silently(cfg, args.iterations)
     rows = []
     for it in range(2, args.iterations + 1):
-        gen = [s for s in controller.spans if s.iteration == it and s.kind is SpanKind.GENERATE]
-        ver = {s.id: s for s in controller.spans if s.iteration == it and s.kind is SpanKind.VERIFY}
-        t0 = min(s.start for s in gen)
-        arrivals = [s.end - t0 for s in gen]
-        bound = arrival_aware_bound(arrivals, [ver[s.id].duration for s in gen], args.workers)
-        done = max(v.end for v in ver.values()) - t0
-        rows.append((done / bound, done - max(arrivals), sum(v.duration for v in ver.values())))
+        b = verification_batch([s for s in controller.spans if s.iteration == it], args.workers)
+        rows.append((b.completion / b.bound, b.exposed, b.busy))
     return {
         "ratio": statistics.mean(r[0] for r in rows),
         "exposed_s": statistics.mean(r[1] for r in rows),

@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 import torch
 
-from actors.controller import JobController
+from actors.controller import run_silently
 from rlsched.config import ScenarioConfig, load_config
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.sim.rljob import simulate
@@ -80,12 +80,7 @@ def main() -> None:
         log_to_driver=False,
     )
     try:
-        controller = JobController(cfg, log=lambda _: None)
-        try:
-            for it in range(1, args.iterations + 1):
-                controller.run_iteration(it)
-        finally:
-            controller.shutdown()
+        controller = run_silently(cfg, args.iterations)
     finally:
         ray.shutdown()
     counted = range(2, args.iterations + 1)

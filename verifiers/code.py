@@ -19,15 +19,12 @@ stopped at `min(max(floor, 1.5 x anchor), cap)`.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 
 from rlsched.policy.timeouts import TimeoutParams, TimeoutTable
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest
+from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, fenced_code
 from verifiers.sandbox import Outcome as Run
 from verifiers.sandbox import SandboxLimits, run_sandboxed
-
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 _HARNESS = """
 import json, os, sys
@@ -53,8 +50,7 @@ os._exit(0)  # nothing of the solution's (atexit hooks, threads) may print after
 
 def solution_of(text: str) -> str:
     """The code in a sample: its first fenced Python block, else the whole text."""
-    found = _FENCE.search(text)
-    return found.group(1) if found else text
+    return fenced_code(text, ("python", "py"))
 
 
 class CodeVerifier:

@@ -16,21 +16,17 @@ after a real compile, and the rest of the batch proceeds.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest
-
-_FENCE = re.compile(r"```(?:cuda|cpp|c\+\+|cu)?\s*\n(.*?)```", re.DOTALL)
+from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, fenced_code
 
 
 def source_of(text: str) -> str:
-    found = _FENCE.search(text)
-    return found.group(1) if found else text
+    return fenced_code(text, ("cuda", "cpp", "c++", "cu"))
 
 
 def cuda_device_present() -> bool:

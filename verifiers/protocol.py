@@ -9,6 +9,7 @@ wrong answer teaches the policy that correct answers are bad.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -69,3 +70,11 @@ def run_verifier(verifier: Verifier, request: VerifyRequest) -> Outcome:
         return ExecutionFault(
             request.sample_id, FaultKind.CRASH, f"{verifier.name}: {err!r}", request.attempt
         )
+
+
+def fenced_code(text: str, languages: tuple[str, ...]) -> str:
+    """The first fenced block (```lang ... ```) whose tag is one of `languages` or empty; else the
+    whole text. Models often wrap their code in prose; the verifier judges the code."""
+    tags = "|".join(re.escape(lang) for lang in languages)
+    found = re.search(rf"```(?:{tags})?\s*\n(.*?)```", text, re.DOTALL)
+    return found.group(1) if found else text

@@ -151,17 +151,15 @@ try:
     if program == 0:
         os.execve(python, [python, "-I", "-B", "main.py"], env)
 except Exception as err:
-    print(f"sandbox: {err}", file=sys.stderr)
+    print(f"sandbox: {err}", file=sys.stderr)  # the sandbox failed, not the program: outcome error
     sys.exit(125)
 # the namespace's init (as the sandbox user, under the same limits): wait for the program, report its
-# own status and resource use on fd 3, and exit; the kernel then kills whatever it left behind
+# own status and resource use on the report pipe, and exit; the kernel then kills whatever it left behind
 _, status, usage = os.wait4(program, 0)
 report = os.fdopen(int(sys.argv[8]), "w")
 report.write(f"{status} {usage.ru_utime + usage.ru_stime} {usage.ru_maxrss}\n")
 report.close()
 """
-
-SANDBOX_ERROR = 125  # the launcher's status when the sandbox itself failed before the program ran
 
 
 def _reader(stream: Any, cap: int, out: list[bytes], truncated: list[bool]) -> None:

@@ -4,7 +4,8 @@ A span is a kind, an id, a start and an end on one clock (the runtime's monotoni
 simulator's virtual one), the iteration it belongs to, and free-form attributes (which worker, how
 many tokens, which weight version). From an iteration's spans come its phase times, how much
 verification overlapped generation, and the critical path: generation, then the verification tail
-that generation did not hide, then update, publish and load.
+that generation did not hide, then update, publish and load. From a batch's spans come its
+verification figures against the lower bound no schedule beats (`verification_batch`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from rlsched.policy.queueing import arrival_aware_bound
 
 
 class SpanKind(StrEnum):
@@ -114,6 +117,27 @@ def phase_times(spans: Sequence[Span]) -> PhaseTimes:
         overlap_fraction=hidden / busy if busy > 0 else 0.0,
         critical_path=tuple((name, sec) for name, sec in path if sec > 0),
     )
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """How one batch's verification went against what no schedule on `workers` workers could beat."""
+
+    completion: float  # the last verification's end, from the batch's first generation start
+    bound: float  # arrival_aware_bound over the measured arrivals and verification times
+    exposed: float  # verification still running after the last sample arrived
+    busy: float  # verification seconds
+
+
+def verification_batch(spans: Sequence[Span], workers: int) -> BatchFigures:
+    """The figures of one batch (all `spans` belong to it: its generations and verifications)."""
+    gen = [s for s in spans if s.kind is SpanKind.GENERATE]
+    ver = {s.id: s for s in spans if s.kind is SpanKind.VERIFY}
+    t0 = min(s.start for s in gen)
+    arrivals = [s.end - t0 for s in gen]
+    bound = arrival_aware_bound(arrivals, [ver[s.id].duration for s in gen], workers)
+    done = max(v.end for v in ver.values()) - t0
+    return BatchFigures(done, bound, done - max(arrivals), sum(v.duration for v in ver.values()))
 
 
 def chrome_trace(spans: Iterable[Span]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ _Ref = tuple[int, str, str, float]  # in the heap: (0, kind, key, elapsed) a gro
 @dataclass
 class _Members:
     tasks: list[PendingVerification] = field(default_factory=list)  # sorted by (arrival, task id)
-    primary: float = 0.0
+    primary: float = 0.0  # the group's key while it is in the heap itself (a bucket keeps its own)
     version: int = 0
     bucket: _Bucket | None = None  # set while the group's estimate is the kind's
 
@@ -101,6 +101,8 @@ class DispatchQueue:
         old = members.bucket
         members.primary, shared = self._primary(group)
         members.bucket = (group[0], group[2]) if shared else None
+        if members.bucket is not None:  # every member of a bucket has the kind's estimate
+            self._buckets.setdefault(members.bucket, _BucketState()).primary = members.primary
         self._push_head(group, members)
         if old is not None and old != members.bucket and old in self._buckets:
             self._refresh(old)  # its heap entry may have been this group's head
@@ -112,8 +114,7 @@ class DispatchQueue:
             ref = (0, *group)
             heapq.heappush(self._heap, (members.primary, head.arrival, head.task_id, ref, members.version))
             return
-        bucket = self._buckets.setdefault(members.bucket, _BucketState())
-        bucket.primary = members.primary  # every member of a bucket has the kind's estimate
+        bucket = self._buckets.setdefault(members.bucket, _BucketState(primary=members.primary))
         heapq.heappush(bucket.heads, (head.arrival, head.task_id, group, members.version))
         self._refresh(members.bucket)
 
@@ -172,10 +173,7 @@ class DispatchQueue:
             group = bucket.heads[0][2]
             primary, shared = self._primary(group)
             if shared and primary != bucket.primary:
-                bucket.primary = primary
-                for _, _, g, _ in bucket.heads:  # keep each member's own note of its key current
-                    if (m := self._groups.get(g)) is not None and m.bucket == name:
-                        m.primary = primary
+                bucket.primary = primary  # the bucket's key is the one its members go by
                 self._refresh(name)
 
     def pop(self) -> PendingVerification | None:

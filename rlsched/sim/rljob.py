@@ -109,18 +109,15 @@ class _Stage:
         self.pending.push(task)
         self.work[task.task_id] = (duration, done)
 
-    def _snapshot(self) -> VerifySnapshot:
-        """What `decide` sees when the order depends on the clock (distrs, several batches queued)."""
-        # no more free slots than pending tasks could take: exact for one-slot tasks (gang verifiers,
-        # which need k slots at once, will need the snapshot to say so)
-        slots = tuple(WorkerSlot(w) for w in islice(self.free, len(self.pending)))
+    def _snapshot(self, slots: tuple[WorkerSlot, ...], pool_size: int | None) -> VerifySnapshot:
+        """What `decide` and `advise_pool` see: the queue, running work, the jobs' batches."""
         return VerifySnapshot(
             self.pending.tasks(),
             slots,
             running=self._running(),
             batches=tuple(j.batch_state() for j in self.jobs if j.active),
             estimator=self.estimator,
-            pool_size=self.provisioned,
+            pool_size=pool_size,
         )
 
     def _running(self) -> tuple[RunningVerification, ...]:
@@ -134,7 +131,10 @@ class _Stage:
         on the clock, otherwise from the queue that keeps `decide`'s order incrementally."""
         if self.pending.needs_decide:
             pairs = []
-            for d in decide(self._snapshot(), self.sim.now, self.params):
+            # no more free slots than pending tasks could take: exact for one-slot tasks (gang
+            # verifiers, which need k slots at once, will need the snapshot to say so)
+            slots = tuple(WorkerSlot(w) for w in islice(self.free, len(self.pending)))
+            for d in decide(self._snapshot(slots, self.provisioned), self.sim.now, self.params):
                 if isinstance(d, Dispatch):
                     task = self.pending.discard(d.task_id)
                     assert task is not None
@@ -195,14 +195,9 @@ class _Stage:
     def rescale(self) -> None:
         if not any(j.active for j in self.jobs):
             return  # every job is done: no further ticks
-        snapshot = VerifySnapshot(
-            self.pending.tasks(),
-            (),
-            running=self._running(),
-            batches=tuple(j.batch_state() for j in self.jobs if j.active),
-            estimator=self.estimator,
+        advice = advise_pool(
+            self._snapshot((), None), self.sim.now, self.params, self.max_workers, self.pool.worker_cost
         )
-        advice = advise_pool(snapshot, self.sim.now, self.params, self.max_workers, self.pool.worker_cost)
         self._target = advice.workers
         self.sim.record(f"{self.name} pool -> {advice.workers}: {advice.reason}")
         while self.provisioned > self._target and self.free:  # release idle workers now
