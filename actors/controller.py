@@ -1,10 +1,11 @@
 """The job controller: one RL iteration as numbered phases over the Ray actors.
 
-1. `request_samples`      - group_size samples per prompt, spread over the READY instances;
-2. `generate_and_verify`  - every finished sample is handed to the dispatch policy the moment it
-                            arrives (`rlsched.policy.verify.decide`) and verified while generation
-                            goes on; `schedule.overlap: false` waits for all samples first (the
-                            sequential baseline);
+1. `request_samples`      - group_size samples per prompt, spread over the READY instances (under
+                            `distrs`, problems with the longest expected verification first);
+2. `generate_and_verify`  - every finished sample is handed to the verifier pool (`actors.pool`)
+                            the moment it arrives, dispatched by `rlsched.policy.verify.decide` and
+                            verified while generation goes on; `schedule.overlap: false` waits for
+                            all samples first (the sequential baseline);
 3. `assemble`             - group-relative advantages over fully judged groups at an allowed version;
 4. `update`               - the training group's GRPO step (all ranks, gradients all-reduced);
 5. `publish`              - rank 0's new BF16 version into the object store;
@@ -21,16 +22,16 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from actors.pool import VerifierPool
 from actors.rollout import RolloutInstance
 from actors.trainer import TrainingGroup
-from actors.verifier import VerifierWorker
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams
 from rlsched.metrics.spans import Span, SpanKind
@@ -40,23 +41,18 @@ from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.verify import (
     BatchId,
     BatchState,
-    Dispatch,
+    DispatchPolicy,
     PendingVerification,
-    RunningVerification,
     TaskId,
-    VerifyParams,
-    VerifySnapshot,
-    WorkerId,
-    WorkerSlot,
-    decide,
+    generation_order,
 )
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.grpo import group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
 from rlsched.rl.update import TrainItem
-from verifiers.loading import VerifierSet
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, run_verifier
+from verifiers.loading import VerifierSet, VerifierSpecError
+from verifiers.protocol import ExecutionFault, Outcome, Prepared, Verdict, VerifyRequest, run_verifier
 
 
 @dataclass
@@ -73,13 +69,6 @@ class IterationRecord:
     loss: float
     eval_pass_rate: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Inflight:
-    task: PendingVerification
-    worker: WorkerId
-    dispatched: float
 
 
 class JobController:
@@ -103,22 +92,35 @@ class JobController:
             )
             for i in range(cfg.rollout.instances)
         }
-        self.workers = {
-            WorkerId(f"verifier-{k}"): VerifierWorker.options(num_cpus=cfg.verifier.cpus_per_worker).remote(
-                f"verifier-{k}", cfg.verifier.kind, cfg.verifier.delay_s
-            )
-            for k in range(cfg.verifier.workers)
-        }
         self.version = 0
-        self._busy: dict[WorkerId, TaskId | None] = {}
-        self._free_at_arrival: dict[TaskId, bool] = {}  # was a worker free when the sample arrived?
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
+        v, retries = cfg.verifier, cfg.grpo.verify_retries
+        self.gpu_pool: VerifierPool | None = None
+        if v.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
+            self.gpu_pool = VerifierPool(
+                v, retries, RemainingTime(), self.spans, self.clock, log, stage="gpu"
+            )
+        self.pool = VerifierPool(
+            v,
+            retries,
+            self.estimator,
+            self.spans,
+            self.clock,
+            log,
+            stage="whole" if self.gpu_pool is None else "cpu",
+            on_prepared=None if self.gpu_pool is None else self._to_gpu_stage,
+        )
         self.reload(*self.group.publish(0), iteration=0)
 
     # -- phases ----------------------------------------------------------------------------------
 
     def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
+        v = self.cfg.verifier
+        if v.dispatch is DispatchPolicy.DISTRS and v.order_generation:  # longest verification first
+            stages = [self.estimator] + ([self.gpu_pool.estimator] if self.gpu_pool else [])
+            order = generation_order([self._kind_key(p) for p in problems], stages)
+            problems = [problems[i] for i in order]
         return group_requests(
             problems, self.cfg.grpo.group_size, str(iteration), self.tokenizer, self.template, self.sampling
         )
@@ -135,29 +137,40 @@ class JobController:
             if chunk
         }
         samples: dict[RequestId, Sample] = {}
-        outcomes: dict[RequestId, Outcome] = {}
-        pending: dict[TaskId, PendingVerification] = {}
-        inflight: dict[ray.ObjectRef, _Inflight] = {}
-        busy: dict[WorkerId, TaskId | None] = {w: None for w in self.workers}
-        self._busy, self._free_at_arrival = busy, {}
-        while streams or pending or inflight:
+        pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
+        while streams or not all(p.idle for p in pools):
             if self.cfg.schedule.overlap or not streams:
                 batch = BatchState(
                     BatchId(f"iter-{iteration}"),
                     cost_rate=float(self.cfg.trainer.ranks * max(1, self.cfg.trainer.gpus_per_rank)),
                     outstanding=len(requests) - len(samples),
                 )
-                self._dispatch(pending, inflight, busy, references, samples, batch)
-            waitables = [*streams, *inflight]
+                for pool in pools:
+                    pool.dispatch((batch,))
+            waitables = [*streams, *(ref for p in pools for ref in p.waitables())]
             ray.wait(waitables, num_returns=1, timeout=0.5)  # block until something is done (or 0.5 s),
-            self._report_overdue(inflight)
+            for pool in pools:
+                pool.watch()  # timeouts, heartbeats, overdue runs
             ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)  # then take all that are
             for ref in ready:
                 if ref in streams:
-                    self._on_sample(iteration, ref, streams, start, samples, pending, references)
-                else:
-                    self._on_outcome(iteration, inflight.pop(ref), ref, busy, pending, outcomes)
+                    self._on_sample(iteration, ref, streams, start, samples, references)
+                for pool in pools:
+                    if pool.owns(ref):
+                        pool.on_ready(ref)
+        outcomes = {RequestId(t): o for p in pools for t, o in p.take_outcomes().items()}
         return samples, outcomes
+
+    def _to_gpu_stage(
+        self,
+        task: PendingVerification,
+        request: VerifyRequest,
+        kind: str | None,
+        iteration: int,
+        prepared: Prepared,
+    ) -> None:
+        assert self.gpu_pool is not None
+        self.gpu_pool.submit(task, request, kind, iteration, prepared.payload)
 
     def _on_sample(
         self,
@@ -166,7 +179,6 @@ class JobController:
         streams: dict[Any, str],
         start: float,
         samples: dict[RequestId, Sample],
-        pending: dict[TaskId, PendingVerification],
         references: dict[RequestId, TaskProblem],
     ) -> None:
         try:
@@ -186,96 +198,26 @@ class JobController:
                 {"lane": streams[stream], "tokens": sample.num_tokens, "version": int(sample.weight_version)},
             )
         )
-        task = TaskId(sample.request_id)
-        kind, key = self._kind_key(references[sample.request_id])
-        pending[task] = PendingVerification(task, BatchId(f"iter-{iteration}"), now, kind=kind, key=key)
-        self._free_at_arrival[task] = len(pending) <= sum(t is None for t in self._busy.values())
-
-    def _dispatch(
-        self,
-        pending: dict[TaskId, PendingVerification],
-        inflight: dict[ray.ObjectRef, _Inflight],
-        busy: dict[WorkerId, TaskId | None],
-        references: dict[RequestId, TaskProblem],
-        samples: dict[RequestId, Sample],
-        batch: BatchState,
-    ) -> None:
-        if not pending:
-            return
-        running = tuple(
-            RunningVerification(j.task.task_id, j.task.batch_id, j.dispatched, j.task.kind, j.task.key)
-            for j in inflight.values()
+        problem = references[sample.request_id]
+        kind, key = self._kind_key(problem)
+        task = PendingVerification(
+            TaskId(sample.request_id),
+            BatchId(f"iter-{iteration}"),
+            now,
+            kind=kind,
+            key=key,
+            slots=self._slots(problem.verifier),
         )
-        snapshot = VerifySnapshot(
-            tuple(pending.values()),
-            tuple(WorkerSlot(w, t) for w, t in busy.items()),
-            running=running,
-            batches=(batch,),
-            estimator=self.estimator,
-        )
-        for decision in decide(snapshot, self.clock(), VerifyParams(self.cfg.verifier.dispatch)):
-            if not isinstance(decision, Dispatch):
-                continue
-            task = pending.pop(decision.task_id)
-            rid = RequestId(task.task_id)
-            ref = self.workers[decision.worker_id].verify.remote(
-                VerifyRequest(rid, samples[rid].text, references[rid].answer, task.attempt),
-                references[rid].verifier,
-            )
-            busy[decision.worker_id] = task.task_id
-            inflight[ref] = _Inflight(task, decision.worker_id, self.clock())
+        request = VerifyRequest(sample.request_id, sample.text, problem.answer)
+        self.pool.submit(task, request, problem.verifier, iteration)
 
-    def _on_outcome(
-        self,
-        iteration: int,
-        job: _Inflight,
-        ref: ray.ObjectRef,
-        busy: dict[WorkerId, TaskId | None],
-        pending: dict[TaskId, PendingVerification],
-        outcomes: dict[RequestId, Outcome],
-    ) -> None:
-        now = self.clock()
+    def _slots(self, kind: str | None) -> int:
+        """Workers one verification of this kind needs at once (a verifier's `slots`, default 1);
+        a kind that does not load needs one, and its worker reports the INPUT fault."""
         try:
-            outcome, w_start, w_end = ray.get(ref)
-        except ray.exceptions.RayError as err:  # the worker itself died: an execution fault
-            outcome, w_start, w_end = ExecutionFault(job.task.task_id, FaultKind.CRASH, repr(err)), now, now
-        busy[job.worker] = None  # the occupant's exit has been observed: the slot is free again
-        if not isinstance(outcome, ExecutionFault):  # faults say nothing about how long judging takes
-            self.estimator.observe(
-                job.task.kind, job.task.key, max(0.0, w_end - w_start), run_id=job.task.task_id
-            )
-        self.spans.append(
-            Span(
-                SpanKind.VERIFY,
-                job.task.task_id,
-                job.dispatched,
-                now,
-                iteration,
-                {
-                    "lane": job.worker,
-                    "attempt": job.task.attempt,
-                    "queued_s": round(job.dispatched - job.task.arrival, 6),
-                    "start_delay_s": round(w_start - job.task.arrival, 6),
-                    "outcome": type(outcome).__name__,
-                    "free_at_arrival": self._free_at_arrival.get(job.task.task_id, False),
-                },
-            )
-        )
-        rid = RequestId(job.task.task_id)
-        if isinstance(outcome, ExecutionFault) and job.task.attempt < self.cfg.grpo.verify_retries:
-            retry = replace(job.task, attempt=job.task.attempt + 1)
-            pending[retry.task_id] = retry
-            return
-        outcomes[rid] = outcome
-
-    def _report_overdue(self, inflight: dict[ray.ObjectRef, _Inflight]) -> None:
-        """Verifications running past their kind's 90th percentile are a lower bound for their
-        problem's queued siblings until the problem has history of its own."""
-        now = self.clock()
-        for job in inflight.values():
-            elapsed = now - job.dispatched
-            if elapsed > self.estimator.quantile(job.task.kind, "", 0.9):
-                self.estimator.running_for(job.task.kind, job.task.key, job.task.task_id, elapsed)
+            return max(1, int(getattr(self.verifiers.get(kind), "slots", 1)))
+        except VerifierSpecError:
+            return 1
 
     def _kind_key(self, problem: TaskProblem) -> tuple[str, str]:
         """The verifier kind and the key whose history predicts a problem's verification time."""
@@ -385,6 +327,10 @@ class JobController:
             )
         )
         verdicts = [o for o in outcomes.values() if isinstance(o, Verdict)]
+        unjudgeable = [o for o in outcomes.values() if isinstance(o, ExecutionFault) and not o.kind.retryable]
+        if unjudgeable:
+            first = unjudgeable[0].detail
+            self.log(f"iteration {iteration}: {len(unjudgeable)} sample(s) cannot be judged, e.g. {first}")
         return IterationRecord(  # 7: the caller commits it
             iteration=iteration,
             version=version,
@@ -396,7 +342,10 @@ class JobController:
             pass_rate=sum(v.correct for v in verdicts) / max(len(verdicts), 1),
             tokens=sum(s.num_tokens for s in samples.values()),
             loss=loss,
-            extra={"sample_versions": sorted({int(s.weight_version) for s in samples.values()})},
+            extra={
+                "sample_versions": sorted({int(s.weight_version) for s in samples.values()}),
+                "verifier_pool": asdict(self.pool.counts),  # since the job started
+            },
         )
 
     # -- evaluation and shutdown -----------------------------------------------------------------
@@ -429,8 +378,11 @@ class JobController:
         )
 
     def shutdown(self) -> None:
-        for handle in [*self.instances.values(), *self.workers.values()]:
+        for handle in self.instances.values():
             ray.kill(handle)
+        self.pool.shutdown()
+        if self.gpu_pool is not None:
+            self.gpu_pool.shutdown()
         self.group.shutdown()
 
 

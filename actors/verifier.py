@@ -1,31 +1,97 @@
 """Verifier pool workers: one Ray actor per slot, each judging one sample at a time.
 
 A worker runs a verifier in-process through `run_verifier`, so a crash comes back as an
-`ExecutionFault` (to be retried), never as a zero reward. `delay_s` adds a fixed duration to every
-verification, to benchmark overlap before the synthetic and sandboxed verifiers exist.
+`ExecutionFault` (to be retried), never as a zero reward; a verifier kind that does not exist, or a
+sample without a reference, is an INPUT fault (not retried: it would judge the same way again).
+The actor is threaded (two threads): one runs the verification, the other answers `heartbeat`, so
+the controller can tell a busy worker from a lost one. Stopping a verification means killing the
+worker (`ray.kill`): nothing short of ending the process stops arbitrary in-process code, and the
+slot is reused only once the controller has seen the process end (its pending call fails, and on
+the controller's own node its pid is gone).
+A two-stage verifier (compile, then run on a GPU) is called one stage at a time when the pool has
+GPU workers: `stage="cpu"` returns a `Prepared` payload, which a GPU worker (an actor holding one
+GPU) takes with `stage="gpu"`. `delay_s` adds a fixed duration to every verification, for benchmarks.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import ray
 
-from verifiers.loading import VerifierSet
-from verifiers.protocol import Outcome, VerifyRequest, run_verifier
+from verifiers.loading import VerifierSet, VerifierSpecError
+from verifiers.protocol import (
+    ExecutionFault,
+    FaultKind,
+    Outcome,
+    Prepared,
+    VerifyRequest,
+    is_two_stage,
+    run_stage,
+    run_verifier,
+)
+
+Stage = Literal["whole", "cpu", "gpu"]  # a whole verification, or one stage of a two-stage verifier
 
 
-@ray.remote
+@dataclass(frozen=True)
+class Heartbeat:
+    worker_id: str
+    node_id: str  # the Ray node it runs on
+    pid: int
+    sample_id: str | None  # what it is verifying now, if anything
+    attempt: int
+    elapsed_s: float  # how long it has been at it, on the worker's clock
+
+
+@ray.remote(max_concurrency=2)
 class VerifierWorker:
     def __init__(self, worker_id: str, kind: str = "exact_answer", delay_s: float = 0.0) -> None:
         self.worker_id = worker_id
         self.delay_s = delay_s
         self.verifiers = VerifierSet(kind)
+        self._lock = threading.Lock()
+        self._current: tuple[str, int, float] | None = None
 
-    def verify(self, request: VerifyRequest, kind: str | None = None) -> tuple[Outcome, float, float]:
-        """The outcome and the span (start, end) of the work, on this node's monotonic clock."""
+    def verify(
+        self, request: VerifyRequest, kind: str | None = None, stage: Stage = "whole", payload: bytes = b""
+    ) -> tuple[Outcome | Prepared, float, float]:
+        """The outcome (or, for a two-stage verifier's CPU stage, what its GPU stage needs) and the
+        span (start, end) of the work, on this node's monotonic clock."""
         start = time.monotonic()
+        with self._lock:
+            self._current = (request.sample_id, request.attempt, start)
+        try:
+            return self._judge(request, kind, stage, payload), start, time.monotonic()
+        finally:
+            with self._lock:
+                self._current = None
+
+    def _judge(
+        self, request: VerifyRequest, kind: str | None, stage: Stage, payload: bytes
+    ) -> Outcome | Prepared:
+        try:
+            verifier = self.verifiers.get(kind)
+        except VerifierSpecError as err:
+            return ExecutionFault(request.sample_id, FaultKind.INPUT, str(err), request.attempt)
         if self.delay_s:
             time.sleep(self.delay_s)
-        outcome = run_verifier(self.verifiers.get(kind), request)
-        return outcome, start, time.monotonic()
+        if stage == "whole" or not is_two_stage(verifier):
+            return run_verifier(verifier, request)
+        two: Any = verifier
+        if stage == "cpu":
+            return run_stage(verifier, request, lambda: two.prepare(request))
+        return run_stage(verifier, request, lambda: two.run_prepared(request, payload))
+
+    def heartbeat(self) -> Heartbeat:
+        with self._lock:
+            current = self._current
+        node = ray.get_runtime_context().get_node_id()
+        if current is None:
+            return Heartbeat(self.worker_id, node, os.getpid(), None, 0, 0.0)
+        sample, attempt, start = current
+        return Heartbeat(self.worker_id, node, os.getpid(), sample, attempt, time.monotonic() - start)

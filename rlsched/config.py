@@ -117,12 +117,51 @@ class RolloutConfig(_Section):
     max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")
 
 
+class TimeoutConfig(_Section):
+    """Per-key adaptive verification timeouts (RollPacker's rule, `rlsched.policy.timeouts`): a run
+    is stopped at min(max(floor_s, factor x the longest recent correct run of its problem), cap_s),
+    at cap_s before any correct run, and never later than hard_cap_s. Stopping kills the worker."""
+
+    floor_s: float = Field(2.0, gt=0)
+    factor: float = Field(1.5, ge=1.0)
+    cap_s: float = Field(30.0, gt=0)
+    hard_cap_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeoutConfig:
+        if not self.floor_s <= self.cap_s <= self.hard_cap_s:
+            raise ValueError(
+                f"need floor_s <= cap_s <= hard_cap_s, got {self.floor_s}, {self.cap_s}, {self.hard_cap_s}"
+            )
+        return self
+
+
 class VerifierConfig(_Section):
     kind: str = Field("exact_answer", description="a shipped kind, or 'module:callable' of your own")
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
     delay_s: float = Field(0.0, ge=0, description="extra seconds per verification (benchmarks)")
     dispatch: DispatchPolicy = DispatchPolicy.FIFO
+    order_generation: bool = Field(
+        True,
+        description="distrs only: generate problems with the longest expected verification first",
+    )
+    gpu_workers: int = Field(
+        0,
+        ge=0,
+        description="workers holding one GPU each for the GPU stage of two-stage verifiers (cuda): "
+        "the CPU stage runs on the CPU workers, one verification per GPU at a time",
+    )
+    preempt: bool = Field(
+        False,
+        description="distrs only: urgent work may stop a running verification of a batch whose training "
+        "group costs less idle; the stopped one is requeued and runs again from the start",
+    )
+    timeout: TimeoutConfig = TimeoutConfig()
+    heartbeat_s: float = Field(2.0, gt=0, description="how often a busy worker is asked how it is doing")
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0, description="a busy worker silent this long is declared lost: killed, its work requeued"
+    )
 
     @field_validator("kind")
     @classmethod
@@ -346,6 +385,16 @@ class SimPoolConfig(_Section):
     worker_cost: float = Field(
         1.0, ge=0, description="one worker-second against one idle device-second of a training group"
     )
+    order_generation: bool = Field(
+        True,
+        description="distrs only: each job generates the problems with the longest expected "
+        "verification first",
+    )
+    preempt: bool = Field(
+        False,
+        description="distrs only: urgent work may stop a running verification of a batch whose "
+        "training group costs less idle (it reruns from the start later)",
+    )
 
 
 class SimJobConfig(_Section):
@@ -378,6 +427,9 @@ class SimJobConfig(_Section):
     )
     verify_spread: float = Field(
         0.0, ge=0, description="sigma of a sample's lognormal factor around its problem's verify time"
+    )
+    verify_slots: int = Field(
+        1, ge=1, description="CPU workers each verification needs at once (a gang verifier: all or none)"
     )
 
     @model_validator(mode="after")
@@ -421,6 +473,12 @@ class ScenarioConfig(_Section):
         names = [j.name for j in self.jobs]
         if len(set(names)) < len(names):
             raise ValueError(f"jobs: names must differ (got {', '.join(names)}); set jobs.N.name")
+        too_wide = [j for j in self.jobs if j.verify_slots > self.pool.cpu_workers]
+        if too_wide:
+            raise ValueError(
+                f"jobs.{self.jobs.index(too_wide[0])}.verify_slots is {too_wide[0].verify_slots} but the "
+                f"pool has {self.pool.cpu_workers} CPU workers; a gang verification could never start"
+            )
         gpu_stage = [j.name for j in self.jobs if j.verify_gpu_s is not None]
         if gpu_stage and self.pool.gpu_workers == 0:
             raise ValueError(

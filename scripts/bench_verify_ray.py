@@ -1,16 +1,18 @@
 """Verification dispatch policies on the real Ray pool, against the same lower bound as in simulation.
 
-    .venv/bin/python scripts/bench_verify_ray.py [--iterations 3] [--workers 2] [--prompts 16] [--seed 0]
+    .venv/bin/python scripts/bench_verify_ray.py [--iterations 3] [--workers 4] [--prompts 36] [--seed 0]
 
 Workload: the RL job on an embedded Ray cluster (1 trainer rank, 2 rollout instances, `--workers`
-verifier workers) on a task file written for the run: 16 addition problems, each carrying a
+verifier workers) on a task file written for the run: 36 addition problems, each carrying a
 verification time drawn once from a tail shape (bimodal 9:1 of 0.02 s and 1 s; lognormal mean 0.1 s,
 sigma 1.5; Pareto scale 0.04 s, alpha 1.5; capped at 3 s), which the `synthetic` verifier spends
-busy on the CPU before judging the answer. Every iteration asks for all 16 problems x 8 samples, so
-from the second iteration on each problem's history predicts its samples. Arms: the sequential
-baseline, fifo, sjf, lrpt, distrs; one fresh job per arm and shape, one Ray session. Figures per arm,
-mean over iterations 2..N: batch completion / bound (bound as in bench_verify.py:
-`max(max_i(a_i + s_i), max_t t + sum_{a_i >= t} s_i / W)` from the measured arrivals and
+asleep before judging the answer (asleep, not busy: four busy workers on a 2-core machine would
+stretch each other's times and the generation's). Every iteration asks for all 36 problems x 8
+samples (288), so from the second iteration on each problem's history predicts its samples. Arms:
+the sequential baseline, fifo, sjf, lrpt, distrs by dispatch alone (`verifier.order_generation`
+off), distrs; one fresh job per arm and shape, one Ray session. Figures per arm, mean over
+iterations 2..N: batch completion in seconds from the iteration's start and divided by the bound
+(as in bench_verify.py, `rlsched.policy.queueing.arrival_aware_bound` over the measured arrivals and
 verification times), the exposed tail after generation ends, and worker-seconds busy. Writes
 bench_results/bench_verify_ray.json.
 """
@@ -43,7 +45,7 @@ SHAPES: dict[str, Any] = {
     "lognormal": {"kind": "lognormal", "mean": 0.1, "sigma": 1.5},
     "pareto": {"kind": "pareto", "scale": 0.04, "shape": 1.5},
 }
-ARMS = ("sequential", "fifo", "sjf", "lrpt", "distrs")
+ARMS = ("sequential", "fifo", "sjf", "lrpt", "distrs (dispatch only)", "distrs")
 CAP_S = 3.0
 
 
@@ -56,7 +58,7 @@ def task_file(directory: Path, shape: Any, problems: int, seed: int) -> Path:
         answer = str(a + b)[::-1]  # the task's format: digits least significant first
         spend = float(min(seconds[k % problems], CAP_S))
         split = "train" if k < problems else "eval"
-        reference = json.dumps({"answer": answer, "seconds": round(spend, 4), "burn": True})
+        reference = json.dumps({"answer": answer, "seconds": round(spend, 4), "burn": False})
         lines.append(
             json.dumps({"id": f"p{k}", "prompt": f"{a}+{b}", "reference": reference, "split": split})
         )
@@ -66,7 +68,7 @@ def task_file(directory: Path, shape: Any, problems: int, seed: int) -> Path:
 
 
 def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
-    policy = "fifo" if arm == "sequential" else arm
+    policy = "fifo" if arm == "sequential" else arm.split()[0]
     cfg = load_config(
         None,
         [
@@ -75,6 +77,7 @@ def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
             "verifier.kind=synthetic",
             f"verifier.workers={args.workers}",
             f"verifier.dispatch={policy}",
+            f"verifier.order_generation={str(arm != 'distrs (dispatch only)').lower()}",
             f"schedule.overlap={str(arm != 'sequential').lower()}",
             f"grpo.prompts_per_step={args.prompts}",
             "trainer.ranks=1",
@@ -87,25 +90,26 @@ def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
     rows = []
     for it in range(2, args.iterations + 1):
         b = verification_batch([s for s in controller.spans if s.iteration == it], args.workers)
-        rows.append((b.completion / b.bound, b.exposed, b.busy))
+        rows.append((b.completion, b.completion / b.bound, b.exposed, b.busy))
     return {
-        "ratio": statistics.mean(r[0] for r in rows),
-        "exposed_s": statistics.mean(r[1] for r in rows),
-        "busy_s": statistics.mean(r[2] for r in rows),
+        "completion_s": statistics.mean(r[0] for r in rows),
+        "ratio": statistics.mean(r[1] for r in rows),
+        "exposed_s": statistics.mean(r[2] for r in rows),
+        "busy_s": statistics.mean(r[3] for r in rows),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=4)
     ap.add_argument(
-        "--prompts", type=int, default=16, help="problems in the task file, all asked every iteration"
+        "--prompts", type=int, default=36, help="problems in the task file, all asked every iteration"
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=Path("bench_results/bench_verify_ray.json"))
     args = ap.parse_args()
-    console = Console(width=120)
+    console = Console(width=140)
     torch.set_num_threads(1)
     ray.init(num_cpus=8, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False)
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -118,17 +122,31 @@ def main() -> None:
                     start = time.perf_counter()
                     results[shape_name][arm] = measure(path, arm, args)
                     wall = time.perf_counter() - start
-                    console.print(f"{shape_name:10} {arm:11} {wall:6.1f} s wall", highlight=False)
+                    console.print(f"{shape_name:10} {arm:22} {wall:6.1f} s wall", highlight=False)
     finally:
         ray.shutdown()
     table = Table(
         title=f"verification dispatch on the Ray pool: {args.prompts} x 8 samples, {args.workers} workers"
     )
-    for col in ("shape", "policy", "completion / bound", "exposed tail (s)", "busy worker-s"):
+    for col in (
+        "shape",
+        "policy",
+        "completion (s)",
+        "completion / bound",
+        "exposed tail (s)",
+        "busy worker-s",
+    ):
         table.add_column(col, justify="left" if col == "shape" else "right")
     for shape_name, arms in results.items():
         for arm, r in arms.items():
-            table.add_row(shape_name, arm, f"{r['ratio']:.3f}", f"{r['exposed_s']:.2f}", f"{r['busy_s']:.1f}")
+            table.add_row(
+                shape_name,
+                arm,
+                f"{r['completion_s']:.2f}",
+                f"{r['ratio']:.3f}",
+                f"{r['exposed_s']:.2f}",
+                f"{r['busy_s']:.1f}",
+            )
     console.print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
@@ -138,7 +156,7 @@ def main() -> None:
                 "mode": "Ray",
                 "seed": args.seed,
                 "workload": vars(args) | {"json": str(args.json), "shapes": SHAPES, "cap_s": CAP_S},
-                "bound": "max(max_i(a_i + s_i), max_t t + sum_{a_i >= t} s_i / W), per batch, measured",
+                "bound": "rlsched.policy.queueing.arrival_aware_bound per batch, measured",
                 "results": results,
             },
             indent=1,

@@ -4,8 +4,10 @@ The sample's text is the program (a fenced ```cuda / ```cpp / ```c++ block is ta
 one); the reference is JSON: `{"expected_stdout": "ok\\n", "timeout_s": 10}`. Stage one, on CPU:
 `nvcc -O2` in a private temporary directory; a program that does not compile is a wrong answer
 (reward 0). Stage two needs a GPU of its own: the binary runs with the time limit and its stdout is
-compared with the expected output (exact, after stripping trailing whitespace). The pool gives the GPU
-stage an exclusive device, since runs sharing one distort each other's time and reward.
+compared with the expected output (exact, after stripping trailing whitespace). `prepare` and
+`run_prepared` are the two stages apart: a pool with GPU workers (`verifier.gpu_workers`) compiles on
+a CPU worker and hands the binary's bytes to a GPU worker, which holds one device exclusively (runs
+sharing a device distort each other's time and reward); `verify` runs both in one place.
 
 What it cannot judge is a typed fault, never a zero: no nvcc on this node, no CUDA device (or driver)
 for the GPU stage, a malformed reference. On a machine without a GPU, such as the 2-core development
@@ -22,7 +24,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, fenced_code
+from verifiers.protocol import (
+    ExecutionFault,
+    FaultKind,
+    Outcome,
+    Prepared,
+    Verdict,
+    VerifyRequest,
+    fenced_code,
+)
 
 
 def source_of(text: str) -> str:
@@ -89,12 +99,17 @@ class CudaVerifier:
         return Verdict(request.sample_id, 1.0 if correct else 0.0, correct, detail)
 
     def verify(self, request: VerifyRequest) -> Outcome:
-        try:
-            spec = json.loads(request.reference)
-            expected, timeout_s = str(spec["expected_stdout"]), float(spec.get("timeout_s", 10.0))
-        except (ValueError, KeyError, TypeError) as err:
-            detail = f"cuda: reference is not {{'expected_stdout': ...}} JSON: {err}"
-            return ExecutionFault(request.sample_id, FaultKind.CRASH, detail, request.attempt)
+        """Both stages here, one after the other (a pool without GPU workers)."""
+        prepared = self.prepare(request)
+        if not isinstance(prepared, Prepared):
+            return prepared
+        return self.run_prepared(request, prepared.payload)
+
+    def prepare(self, request: VerifyRequest) -> Outcome | Prepared:
+        """Stage one, on a CPU worker: the compiled binary's bytes, or the outcome if it ends here."""
+        spec = _spec(request)
+        if isinstance(spec, ExecutionFault):
+            return spec
         with tempfile.TemporaryDirectory(prefix="rlsched-cuda-") as tmp:
             try:
                 compiled = self.compile_stage(source_of(request.text), Path(tmp))
@@ -108,4 +123,25 @@ class CudaVerifier:
                 return ExecutionFault(request.sample_id, FaultKind.TIMEOUT, detail, request.attempt)
             if compiled.binary is None:
                 return Verdict(request.sample_id, 0.0, False, f"does not compile: {compiled.log[-300:]}")
-            return self.gpu_stage(compiled.binary, expected, timeout_s, request)
+            return Prepared(request.sample_id, compiled.binary.read_bytes(), "compiled")
+
+    def run_prepared(self, request: VerifyRequest, payload: bytes) -> Outcome:
+        """Stage two, on a worker holding a GPU of its own: run the binary, compare its stdout."""
+        spec = _spec(request)
+        if isinstance(spec, ExecutionFault):
+            return spec
+        expected, timeout_s = spec
+        with tempfile.TemporaryDirectory(prefix="rlsched-cuda-") as tmp:
+            binary = Path(tmp) / "main"
+            binary.write_bytes(payload)
+            binary.chmod(0o700)
+            return self.gpu_stage(binary, expected, timeout_s, request)
+
+
+def _spec(request: VerifyRequest) -> tuple[str, float] | ExecutionFault:
+    try:
+        spec = json.loads(request.reference)
+        return str(spec["expected_stdout"]), float(spec.get("timeout_s", 10.0))
+    except (ValueError, KeyError, TypeError) as err:
+        detail = f"cuda: reference is not {{'expected_stdout': ...}} JSON: {err}"
+        return ExecutionFault(request.sample_id, FaultKind.CRASH, detail, request.attempt)

@@ -10,6 +10,7 @@ wrong answer teaches the policy that correct answers are bad.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -37,6 +38,12 @@ class FaultKind(StrEnum):
     CRASH = "crash"  # the verifier raised or its process died
     TIMEOUT = "timeout"  # it did not answer in time (and was stopped)
     RESOURCES = "resources"  # out of memory, no device, sandbox refused
+    INPUT = "input"  # the sample cannot be judged as given (no reference, no such verifier kind)
+
+    @property
+    def retryable(self) -> bool:
+        """A retry may succeed: not for bad input, which judges the same way every time."""
+        return self is not FaultKind.INPUT
 
 
 @dataclass(frozen=True)
@@ -52,16 +59,44 @@ class ExecutionFault:
 Outcome = Verdict | ExecutionFault
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A two-stage verifier's CPU stage is done; `payload` (a compiled binary, say) goes to its GPU
+    stage, which runs on a worker holding a device of its own."""
+
+    sample_id: str
+    payload: bytes
+    detail: str = ""
+
+
 class Verifier(Protocol):
     name: str
 
     def verify(self, request: VerifyRequest) -> Outcome: ...
 
 
-def run_verifier(verifier: Verifier, request: VerifyRequest) -> Outcome:
-    """Call a verifier in-process; an exception becomes an `ExecutionFault`, never a zero reward."""
+class TwoStageVerifier(Verifier, Protocol):
+    """A verifier whose work splits into a CPU stage and a GPU stage (e.g. compile, then run). With
+    GPU workers in the pool the stages run on different workers; without, `verify` runs both."""
+
+    def prepare(self, request: VerifyRequest) -> Outcome | Prepared: ...
+
+    def run_prepared(self, request: VerifyRequest, payload: bytes) -> Outcome: ...
+
+
+def is_two_stage(verifier: Verifier) -> bool:
+    return callable(getattr(verifier, "prepare", None)) and callable(getattr(verifier, "run_prepared", None))
+
+
+def run_stage(
+    verifier: Verifier, request: VerifyRequest, call: Callable[[], Outcome | Prepared]
+) -> Outcome | Prepared:
+    """One stage of a two-stage verifier, with `run_verifier`'s guarantees: a missing reference is an
+    INPUT fault, an exception an `ExecutionFault`, never a zero reward."""
+    if (fault := missing_reference(verifier, request)) is not None:
+        return fault
     try:
-        return verifier.verify(request)
+        return call()
     except MemoryError as err:
         return ExecutionFault(
             request.sample_id, FaultKind.RESOURCES, f"{verifier.name}: {err!r}", request.attempt
@@ -70,6 +105,30 @@ def run_verifier(verifier: Verifier, request: VerifyRequest) -> Outcome:
         return ExecutionFault(
             request.sample_id, FaultKind.CRASH, f"{verifier.name}: {err!r}", request.attempt
         )
+
+
+def missing_reference(verifier: Verifier, request: VerifyRequest) -> ExecutionFault | None:
+    """An INPUT fault when the sample has no reference to judge against (None or blank) and the
+    verifier needs one; a verifier that judges without one sets `needs_reference = False`."""
+    if not getattr(verifier, "needs_reference", True):
+        return None
+    if isinstance(request.reference, str) and request.reference.strip():
+        return None
+    return ExecutionFault(
+        request.sample_id,
+        FaultKind.INPUT,
+        f"{verifier.name}: sample {request.sample_id} has no reference to judge against; give its "
+        "problem a non-empty 'reference' (or use a verifier with needs_reference = False)",
+        request.attempt,
+    )
+
+
+def run_verifier(verifier: Verifier, request: VerifyRequest) -> Outcome:
+    """Call a verifier in-process; an exception becomes an `ExecutionFault`, never a zero reward,
+    and a sample without a reference an INPUT fault without calling the verifier at all."""
+    out = run_stage(verifier, request, lambda: verifier.verify(request))
+    assert not isinstance(out, Prepared)
+    return out
 
 
 def fenced_code(text: str, languages: tuple[str, ...]) -> str:

@@ -57,6 +57,7 @@ class DispatchQueue:
         self._batches: Counter[BatchId] = Counter()
         self._of_key: dict[tuple[str, str], set[_Group]] = {}  # (kind, key) -> its groups (elapsed differ)
         self._floored: dict[str, set[_Group]] = {}  # per kind: groups lifted by a running sibling
+        self._gangs = 0  # queued verifications that need more than one worker
         self._versions = itertools.count(1)  # one counter: a group or bucket made anew never reuses one
 
     def __len__(self) -> int:
@@ -67,9 +68,15 @@ class DispatchQueue:
         return tuple(self._by_id.values())
 
     @property
+    def gangs(self) -> int:
+        """Queued verifications that need more than one worker at once."""
+        return self._gangs
+
+    @property
     def needs_decide(self) -> bool:
-        """True when the order depends on the clock: `distrs` with more than one batch queued."""
-        return self.params.policy is DispatchPolicy.DISTRS and len(self._batches) > 1
+        """True when the order depends on the clock (`distrs` with more than one batch queued) or a
+        gang verification is queued (it needs k free workers at once: `decide` holds workers for it)."""
+        return bool(self._gangs) or (self.params.policy is DispatchPolicy.DISTRS and len(self._batches) > 1)
 
     def _group_of(self, task: PendingVerification) -> _Group:
         if self.params.policy is DispatchPolicy.FIFO:
@@ -153,6 +160,7 @@ class DispatchQueue:
             members.tasks.insert(at, task)
         self._by_id[task.task_id] = task
         self._batches[task.batch_id] += 1
+        self._gangs += task.slots > 1
         if new:
             self._place(group, members)
         elif members.tasks[0] is task:
@@ -238,6 +246,7 @@ class DispatchQueue:
 
     def _forget(self, task: PendingVerification) -> None:
         del self._by_id[task.task_id]
+        self._gangs -= task.slots > 1
         self._batches[task.batch_id] -= 1
         if not self._batches[task.batch_id]:
             del self._batches[task.batch_id]

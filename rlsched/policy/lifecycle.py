@@ -1,14 +1,19 @@
-"""Lifecycles as state machines: one Enum and one transition table each, and one `transition()`.
+"""Lifecycles as state machines: one Enum and one transition table each, and a checked transition.
 
 A rollout instance: REQUESTED -> ALLOCATED -> (TRANSFERRING ->) LOADING -> CONFIRMING -> READY ->
 DRAINING -> RELEASED, and PREEMPTED from any live state. Only READY instances receive requests. In the
 Ray job of today weights arrive through the object store, so ALLOCATED goes straight to LOADING; the
 elastic-instance issue adds the gRPC pull through TRANSFERRING.
+
+A verifier worker slot: STARTING -> IDLE <-> BUSY; a busy worker that must stop (timeout,
+preemption, silence) is STOPPING until its exit is observed, then GONE; one that dies on its own goes
+straight to GONE. Only IDLE slots are offered to the dispatch policy.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 
 class InstanceState(StrEnum):
@@ -77,14 +82,49 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
 }
 
 
+class SlotState(StrEnum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPING = "stopping"
+    GONE = "gone"
+
+
+_W = SlotState
+SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    _W.STARTING: frozenset({_W.IDLE, _W.GONE}),  # answered its first call, or never started
+    _W.IDLE: frozenset({_W.BUSY, _W.GONE}),
+    _W.BUSY: frozenset(
+        {
+            _W.IDLE,  # its outcome came back
+            _W.STOPPING,  # timed out, preempted or silent: the kill is sent
+            _W.GONE,  # its process died on its own, and the failed call was observed
+        }
+    ),
+    _W.STOPPING: frozenset({_W.GONE}),  # the exit was observed: only now may the slot be refilled
+    _W.GONE: frozenset(),
+}
+
+
 class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-def transition(current: InstanceState, target: InstanceState) -> InstanceState:
-    if target not in INSTANCE_TRANSITIONS[current]:
-        allowed = ", ".join(sorted(INSTANCE_TRANSITIONS[current])) or "nothing (terminal)"
+S = TypeVar("S", InstanceState, SlotState)
+
+
+def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
+    if target not in table[current]:
+        allowed = ", ".join(sorted(table[current])) or "nothing (terminal)"
         raise IllegalTransition(
-            f"instance cannot go from {current} to {target}; from {current} it may go to {allowed}"
+            f"{what} cannot go from {current} to {target}; from {current} it may go to {allowed}"
         )
     return target
+
+
+def transition(current: InstanceState, target: InstanceState) -> InstanceState:
+    return _checked(INSTANCE_TRANSITIONS, "instance", current, target)
+
+
+def slot_transition(current: SlotState, target: SlotState) -> SlotState:
+    return _checked(SLOT_TRANSITIONS, "verifier slot", current, target)

@@ -9,6 +9,7 @@ worker or two, and if the last needs 80 s the batch ends at 92 s however many wo
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,14 +74,30 @@ def batch(
 
 
 def arrival_aware_bound(arrivals: Sequence[float], services: Sequence[float], workers: int) -> float:
-    """No schedule on `workers` workers finishes a batch sooner than
-    `max(max_i(a_i + s_i), max_t (t + sum of s_i with a_i >= t) / W)`: the slowest sample from its
-    arrival, and the work that arrives from any time on, spread perfectly over every worker."""
+    """No non-preemptive schedule on `workers` workers finishes a batch sooner than the largest of:
+    the slowest sample from its arrival, `max_i(a_i + s_i)`; the work that arrives from any time `t`
+    on, spread perfectly over every worker, `t + sum_{a_i >= t} s_i / W`; and, among the samples
+    arriving from `t` on, the `kW + 1` longest (some worker must run `k + 1` of them one after
+    another), `t + (k + 1) x the shortest of those` (the last is evaluated at every 16th arrival
+    time from the end, and at the first: any subset of times gives a valid bound)."""
     _check(arrivals, services, workers)
     pairs = sorted(zip(arrivals, services, strict=True))
     bound = max(a + s for a, s in pairs)
     suffix = 0.0
-    for a, s in reversed(pairs):
+    later: list[float] = []  # the services of the samples seen so far (arriving from `a` on), ascending
+    for n, (a, s) in enumerate(reversed(pairs)):
         suffix += s
         bound = max(bound, a + suffix / workers)
+        bisect.insort(later, s)
+        if n % 16 == 15 or n == len(pairs) - 1:
+            bound = max(bound, a + _stacked(later, workers))
     return bound
+
+
+def _stacked(ascending: list[float], workers: int) -> float:
+    """Among the `kW + 1` longest, some worker runs `k + 1` in a row: `(k + 1) x` the shortest of them."""
+    best, k = 0.0, 1
+    while k * workers + 1 <= len(ascending):
+        best = max(best, (k + 1) * ascending[-(k * workers + 1)])
+        k += 1
+    return best

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NewType
 
@@ -54,6 +55,7 @@ class PendingVerification:
     kind: str = "default"  # the verifier kind
     key: str = ""  # the problem or test id whose history predicts this one
     elapsed: float = 0.0  # service already received by earlier, preempted attempts
+    slots: int = 1  # a gang verification needs this many workers at once, all or none
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class RunningVerification:
     kind: str = "default"
     key: str = ""
     elapsed_before: float = 0.0
+    slots: int = 1
+    worker_id: WorkerId | None = None  # where it runs (needed to preempt it)
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,12 +107,26 @@ class VerifySnapshot:
 class VerifyParams:
     policy: DispatchPolicy = DispatchPolicy.FIFO
     quantile: float = 0.9  # distrs plans each verification for this quantile of its remaining time
+    preempt: bool = False  # distrs: stop deferrable work of cheaper batches for urgent work
 
 
 @dataclass(frozen=True)
 class Dispatch:
     task_id: TaskId
+    worker_id: WorkerId  # the worker that runs it
+    gang: tuple[WorkerId, ...] = ()  # the other workers it holds at once (a gang verification)
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Stop a running verification so that urgent work gets its worker. The stopped run is requeued
+    with attempt + 1, to run again from the start (a verification cannot resume), and its elapsed
+    time is recorded as a censored observation of its key."""
+
+    task_id: TaskId
     worker_id: WorkerId
+    for_task: TaskId
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -121,7 +140,7 @@ class Wait:
     reason: str
 
 
-Decision = Dispatch | Wait
+Decision = Dispatch | Wait | Preempt
 
 
 def fifo_order(pending: Sequence[PendingVerification]) -> list[PendingVerification]:
@@ -205,6 +224,17 @@ def _distrs_order(snapshot: VerifySnapshot, now: float, params: VerifyParams) ->
     return sorted(snapshot.pending, key=key)
 
 
+def generation_order(keys: Sequence[tuple[str, str]], stages: Sequence[RemainingTime]) -> list[int]:
+    """The order in which to generate a batch's problems, given each one's (verifier kind, key) and
+    the estimators of the verification stages it goes through: longest expected verification first
+    (Jackson's rule for a machine followed by delivery times: the sample that needs the longest
+    verification should exist earliest, so that its verification overlaps the rest of generation
+    instead of trailing it). Stable: problems without history are estimated by their kind and keep
+    their relative order; with no stages the order is unchanged."""
+    expected = {k: sum(est.remaining(*k) for est in stages) for k in set(keys)}
+    return sorted(range(len(keys)), key=lambda i: -expected[keys[i]])
+
+
 def _ordered(snapshot: VerifySnapshot, now: float, params: VerifyParams) -> list[PendingVerification]:
     match params.policy:
         case DispatchPolicy.FIFO:
@@ -218,20 +248,123 @@ def _ordered(snapshot: VerifySnapshot, now: float, params: VerifyParams) -> list
 
 
 def decide(snapshot: VerifySnapshot, now: float, params: VerifyParams) -> tuple[Decision, ...]:
-    """Pair the best-ordered pending verifications with free workers; the rest wait."""
+    """Pair the best-ordered pending verifications with free workers; the rest wait.
+
+    A gang verification (`slots` > 1) starts only with all its workers at once. When the first one
+    in order does not fit, it holds the free workers (EASY backfilling): work behind it may use them
+    only if it is expected to end before enough running work does for the gang to start (its shadow
+    time), so no stream of small verifications can starve it. Under `distrs` with `params.preempt`,
+    urgent work that finds no worker may stop deferrable work of a cheaper batch (`_preemptions`)."""
     free = [w.worker_id for w in snapshot.workers if w.free]
     if not snapshot.pending:
         return ()
     ordered = _ordered(snapshot, now, params)
-    decisions: list[Decision] = [Dispatch(t.task_id, w) for t, w in zip(ordered, free, strict=False)]
-    if len(ordered) > len(free):
-        reason = (
-            f"the {len(free)} free verifier worker(s) went to more urgent work"
-            if free
-            else "no verifier worker is free"
-        )
-        decisions.append(Wait(tuple(t.task_id for t in ordered[len(free) :]), reason))
+    decisions: list[Decision] = []
+    waits: dict[str, list[TaskId]] = {}
+    pool = snapshot.pool_size or len(snapshot.workers) + sum(r.slots for r in snapshot.running)
+    reserved: PendingVerification | None = None
+    shadow, held = math.inf, ""
+    for n, t in enumerate(ordered):
+        if not free:
+            reason = "no verifier worker is free" if n == 0 else _busy_reason(len(decisions), reserved)
+            waits.setdefault(reason, []).extend(p.task_id for p in ordered[n:])
+            break
+        if t.slots > pool:
+            waits.setdefault(f"needs {t.slots} workers at once; the pool has {pool}", []).append(t.task_id)
+            continue
+        fits = t.slots <= len(free)
+        if fits and (reserved is None or now + _remaining(snapshot, t) <= shadow):
+            decisions.append(Dispatch(t.task_id, free[0], tuple(free[1 : t.slots])))
+            free = free[t.slots :]
+            continue
+        if reserved is None and not fits:
+            reserved, shadow = t, _shadow_time(snapshot, now, t.slots - len(free))
+            held = _held_reason(t, len(free), shadow - now)
+        waits.setdefault(held, []).append(t.task_id)
+    decisions.extend(Wait(tuple(ids), reason) for reason, ids in waits.items())
+    if params.preempt and params.policy is DispatchPolicy.DISTRS and waits and snapshot.running:
+        decisions.extend(_preemptions(snapshot, now, params, ordered, decisions))
     return tuple(decisions)
+
+
+def _busy_reason(dispatched: int, reserved: PendingVerification | None) -> str:
+    if reserved is not None:
+        return f"free verifier workers are held for gang verification {reserved.task_id}"
+    return f"the {dispatched} free verifier worker(s) went to more urgent work"
+
+
+def _held_reason(reserved: PendingVerification, free: int, wait_s: float) -> str:
+    return (
+        f"gang verification {reserved.task_id} needs {reserved.slots} workers at once ({free} free, the rest "
+        f"expected in {wait_s:.3g} s); the free ones are held for it"
+    )
+
+
+def _shadow_time(snapshot: VerifySnapshot, now: float, more: int) -> float:
+    """When `more` workers beyond the free ones are expected to be free: the `more`-th earliest
+    expected end among the running verifications (each frees its `slots` workers)."""
+    ends = sorted(
+        now + _running_left(snapshot, now, r) for r in snapshot.running for _ in range(max(1, r.slots))
+    )
+    return ends[more - 1] if len(ends) >= more else math.inf
+
+
+def _running_left(snapshot: VerifySnapshot, now: float, r: RunningVerification) -> float:
+    est = snapshot.estimator
+    return 1.0 if est is None else est.remaining(r.kind, r.key, _coarse(now - r.started + r.elapsed_before))
+
+
+def _preemptions(
+    snapshot: VerifySnapshot,
+    now: float,
+    params: VerifyParams,
+    ordered: list[PendingVerification],
+    decisions: list[Decision],
+) -> list[Preempt]:
+    """Urgent work that got no worker may stop a running one-slot verification of another batch.
+
+    Urgent: waiting for the first worker to free up (`w`) would make it end after everything else its
+    batch is known to need, so the wait delays the batch. A victim must belong to a batch whose idle
+    training group costs less, must be able to take the restart (run again from the start after the
+    urgent work, it still ends by its batch's predicted completion), and the delay avoided must be
+    worth more than the work thrown away (`cost_rate x w` against its elapsed seconds). Least
+    elapsed first; a run on a second or later attempt is never preempted, so two batches cannot take
+    a worker back and forth."""
+    dispatched = {d.task_id for d in decisions if isinstance(d, Dispatch)}
+    deadlines = batch_deadlines(snapshot, now, params)
+    plans = batch_deadlines(replace(snapshot, pool_size=sys.maxsize), now, params)  # known pieces only
+    rate = {b.batch_id: b.cost_rate for b in snapshot.batches}
+    wait = min(_running_left(snapshot, now, r) for r in snapshot.running)
+    est, q = snapshot.estimator, params.quantile
+
+    def need(kind: str, key: str, elapsed: float = 0.0) -> float:
+        return 1.0 if est is None else est.quantile(kind, key, q, elapsed)
+
+    victims = sorted(
+        (r for r in snapshot.running if r.slots == 1 and r.attempt == 0 and r.worker_id is not None),
+        key=lambda r: (-r.started, r.task_id),  # least elapsed first
+    )
+    out: list[Preempt] = []
+    for p in ordered:
+        if p.task_id in dispatched or p.slots != 1 or not victims:
+            continue
+        p_need, p_rate = need(p.kind, p.key, p.elapsed), rate.get(p.batch_id, 1.0)
+        if now + wait + p_need <= plans.get(p.batch_id, now):
+            continue  # waiting does not make it the batch's last piece: no delay to avoid
+        for v in victims:
+            if rate.get(v.batch_id, 1.0) >= p_rate or p_rate * wait <= now - v.started:
+                continue
+            if now + p_need + need(v.kind, v.key) > deadlines.get(v.batch_id, math.inf):
+                continue  # its batch cannot take the restart
+            assert v.worker_id is not None
+            reason = (
+                f"{p.task_id} would wait {wait:.3g} s and delay its batch (idle cost {p_rate:g}/s); "
+                f"{v.task_id}'s batch (idle cost {rate.get(v.batch_id, 1.0):g}/s) can take a restart"
+            )
+            out.append(Preempt(v.task_id, v.worker_id, p.task_id, reason))
+            victims.remove(v)
+            break
+    return out
 
 
 # -- pool size over time ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ verifications).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import islice
 
@@ -43,6 +43,7 @@ from rlsched.policy.verify import (
     Dispatch,
     DispatchPolicy,
     PendingVerification,
+    Preempt,
     RunningVerification,
     TaskId,
     VerifyParams,
@@ -51,6 +52,7 @@ from rlsched.policy.verify import (
     WorkerSlot,
     advise_pool,
     decide,
+    generation_order,
 )
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
@@ -82,7 +84,8 @@ class _Stage:
     def __init__(
         self, name: str, workers: int, sim: Simulator, policy: DispatchPolicy, pool: SimPoolConfig
     ) -> None:
-        self.name, self.sim, self.params, self.pool = name, sim, VerifyParams(policy), pool
+        self.name, self.sim, self.pool = name, sim, pool
+        self.params = VerifyParams(policy, preempt=pool.preempt)
         self.max_workers = workers
         # free workers in the order they became free (a dict: ordered, O(1) removal); the policy is
         # shown free slots only, so a decision costs O(free + pending), not O(all workers)
@@ -91,6 +94,8 @@ class _Stage:
         self.estimator = RemainingTime()
         self.pending = DispatchQueue(self.params, self.estimator)  # in the policy's order
         self.running: dict[TaskId, tuple[PendingVerification, float]] = {}  # and when it started
+        self.held: dict[TaskId, tuple[WorkerId, ...]] = {}  # the workers each running one holds
+        self.preempted = 0
         self.work: dict[TaskId, tuple[float, Done]] = {}
         self.jobs: list[_Job] = []
         self.learns = policy is not DispatchPolicy.FIFO or pool.autoscale  # fifo needs no estimates
@@ -122,39 +127,70 @@ class _Stage:
 
     def _running(self) -> tuple[RunningVerification, ...]:
         return tuple(
-            RunningVerification(t.task_id, t.batch_id, start, t.kind, t.key)
+            RunningVerification(
+                t.task_id,
+                t.batch_id,
+                start,
+                t.kind,
+                t.key,
+                slots=t.slots,
+                worker_id=self.held[t.task_id][0],
+                attempt=t.attempt,
+            )
             for t, start in self.running.values()
         )
 
-    def _decisions(self) -> list[tuple[PendingVerification, WorkerId]]:
-        """The policy's pairs of (verification, free worker): from `decide` when the order depends
-        on the clock, otherwise from the queue that keeps `decide`'s order incrementally."""
+    def _decisions(self) -> list[tuple[PendingVerification, tuple[WorkerId, ...]]]:
+        """The policy's pairs of (verification, free workers): from `decide` when the order depends
+        on the clock or a gang is queued, otherwise from the queue that keeps `decide`'s order
+        incrementally. Preemptions `decide` asks for are carried out here."""
         if self.pending.needs_decide:
             pairs = []
-            # no more free slots than pending tasks could take: exact for one-slot tasks (gang
-            # verifiers, which need k slots at once, will need the snapshot to say so)
-            slots = tuple(WorkerSlot(w) for w in islice(self.free, len(self.pending)))
+            # no more free slots than pending tasks could take (all of them when gangs are queued)
+            shown = sum(t.slots for t in self.pending.tasks()) if self.pending.gangs else len(self.pending)
+            slots = tuple(WorkerSlot(w) for w in islice(self.free, shown))
             for d in decide(self._snapshot(slots, self.provisioned), self.sim.now, self.params):
                 if isinstance(d, Dispatch):
                     task = self.pending.discard(d.task_id)
                     assert task is not None
-                    pairs.append((task, d.worker_id))
+                    pairs.append((task, (d.worker_id, *d.gang)))
+                elif isinstance(d, Preempt):
+                    self._preempt(d)
             return pairs
         workers = list(islice(self.free, len(self.pending)))
-        return [(task, w) for w in workers if (task := self.pending.pop()) is not None]
+        return [(task, (w,)) for w in workers if (task := self.pending.pop()) is not None]
 
     def dispatch(self) -> None:
         if not len(self.pending) or not self.free:
             return
-        for task, worker in self._decisions():
-            del self.free[worker]
+        preempted = self.preempted
+        for task, workers in self._decisions():
+            for worker in workers:
+                del self.free[worker]
             self.running[task.task_id] = (task, self.sim.now)
-            self.sim.record(f"dispatch {task.task_id} -> {worker}")
+            self.held[task.task_id] = workers
+            self.sim.record(f"dispatch {task.task_id} -> {', '.join(workers)}")
             duration, _ = self.work[task.task_id]
-            self.sim.after(duration, partial(self._finish, worker, task.task_id, self.sim.now))
+            self.sim.after(duration, partial(self._finish, workers[0], task.task_id, self.sim.now))
             if self.learns and task.key:  # look again once it has run what its kind usually takes
                 after = max(self.estimator.quantile(task.kind, "", OVERDUE_QUANTILE), 1e-6)
                 self.sim.after(after, partial(self._overdue, task, self.sim.now))
+        if self.preempted > preempted:
+            self.dispatch()  # the preempted runs' workers are free now
+
+    def _preempt(self, d: Preempt) -> None:
+        """Stop a run (in virtual time the kill and the exit are immediate); it reruns from the start."""
+        task, start = self.running.pop(d.task_id)
+        self.preempted += 1
+        self.sim.record(f"preempt {d.task_id} on {d.worker_id} for {d.for_task}: {d.reason}")
+        for worker in self.held.pop(d.task_id):
+            self.free[worker] = None
+        if self.learns:
+            self.estimator.observe(
+                task.kind, task.key, self.sim.now - start, censored=True, run_id=task.task_id
+            )
+            self.pending.observed(task.kind, task.key)
+        self.pending.push(replace(task, attempt=task.attempt + 1))
 
     def _overdue(self, task: PendingVerification, start: float) -> None:
         """Still running past what its kind usually takes: tell the estimator (a provisional lower
@@ -168,17 +204,21 @@ class _Stage:
         self.sim.after(elapsed, partial(self._overdue, task, start))
 
     def _finish(self, worker: WorkerId, task: TaskId, start: float) -> None:
+        running = self.running.get(task)
+        if running is None or running[1] != start:
+            return  # this run was preempted (its rerun, if any, has its own finish)
         pending, _ = self.running.pop(task)
         duration, done = self.work.pop(task)
-        self.busy_s += duration
+        self.busy_s += duration * pending.slots
         if self.learns:
             self.estimator.observe(pending.kind, pending.key, duration, run_id=task)
             self.pending.observed(pending.kind, pending.key)
-        if self.autoscale and self.provisioned > self._target:
-            self._resize(self.provisioned - 1)  # over target: this worker goes back as it frees
-            self.spare.append(worker)
-        else:
-            self.free[worker] = None
+        for held in self.held.pop(task):
+            if self.autoscale and self.provisioned > self._target:
+                self._resize(self.provisioned - 1)  # over target: this worker goes back as it frees
+                self.spare.append(held)
+            else:
+                self.free[held] = None
         done(task, start, worker)
         self.dispatch()
 
@@ -280,6 +320,18 @@ class _Job:
             self.next_problem += 1
         return out
 
+    def _ordered(self, problems: list[int]) -> list[int]:
+        """Under `distrs` with `pool.order_generation`, the problems with the longest expected
+        verification are generated first (`generation_order`); otherwise as drawn."""
+        stage = self.cpu
+        if not (stage.pool.order_generation and stage.params.policy is DispatchPolicy.DISTRS):
+            return problems
+        if self.cfg.problems is None:
+            return problems  # new problems every iteration: no history tells them apart
+        stages = [s.estimator for s in (self.cpu, self.gpu) if s is not None]
+        order = generation_order([(self.name, f"p{p}") for p in problems], stages)
+        return [problems[i] for i in order]
+
     def _verify_times(self, problems: list[int]) -> None:
         """Each sample's CPU (and GPU) seconds: its problem's, times a lognormal spread."""
         c, rng = self.cfg, self.sim.rng
@@ -303,22 +355,22 @@ class _Job:
         self.t_start = self.sim.now
         self.generating = self.unjudged = c.samples
         durations = self._generation_times(c.samples)
-        self._verify_times(self._problems(c.samples // c.group_size))
+        self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))
         for inst in range(c.instances):  # sample n on instance n mod instances, `slots` at once
             members = range(inst, c.samples, c.instances)
             lanes = fcfs([0.0] * len(members), [float(durations[n]) for n in members], c.slots)
             for n, end in zip(members, lanes.ends, strict=True):
                 self.sim.at(self.sim.now + end, partial(self.on_sample, n, inst))
 
-    def _pending(self, task: TaskId, n: int) -> PendingVerification:
+    def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
         batch = BatchId(f"{self.name}/iter-{self.iteration}")
         key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
-        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key)
+        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
     def on_sample(self, n: int, inst: int) -> None:
         task = TaskId(f"{self.name}/{self.iteration}-{n}")
         self._span(SpanKind.GENERATE, task, self.t_start, f"{self.name}/rollout-{inst}")
-        pending = self._pending(task, n)
+        pending = self._pending(task, n, self.cfg.verify_slots)
         self.generating -= 1
         if self.generating == 0:
             self.last_generation_s = self.sim.now - self.t_start

@@ -10,6 +10,10 @@ import ray
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    ray.init(num_cpus=8, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False)
+    # two logical GPUs (this machine has none): GPU-stage verifier workers can be placed, and their
+    # runs then find no device and say so
+    ray.init(
+        num_cpus=8, num_gpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False
+    )
     yield
     ray.shutdown()
