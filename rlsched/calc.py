@@ -13,8 +13,8 @@ from dataclasses import asdict
 from typing import Any
 
 from rlsched.errors import UserError
+from rlsched.policy import bandwidth, elastic, queueing
 from rlsched.policy import iteration as iteration_model
-from rlsched.policy import queueing
 from rlsched.policy import verify as verify_policy
 from rlsched.policy.estimate import EstimatorParams, RemainingTime
 
@@ -140,6 +140,63 @@ def calc_deferral(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def calc_transfer(args: argparse.Namespace) -> dict[str, Any]:
+    if args.bytes < 0 or args.receivers < 1 or args.egress_gbps <= 0:
+        raise ValueError("--bytes must be non-negative, --receivers at least 1, --egress-gbps positive")
+    ingress = parse_list(args.receiver_gbps, "receiver-gbps")
+    if len(ingress) == 1:
+        ingress = ingress * args.receivers
+    if len(ingress) != args.receivers or min(ingress) <= 0:
+        raise ValueError(
+            f"--receiver-gbps needs one positive rate, or one per receiver ({args.receivers}); "
+            f"got {len(ingress)}"
+        )
+    egress, rates = args.egress_gbps * 1e9, [g * 1e9 for g in ingress]
+    flows = [bandwidth.Flow(f"receiver-{i}", args.bytes, r) for i, r in enumerate(rates)]
+    finish = bandwidth.finish_times(flows, egress)
+    return {
+        "inputs": {
+            "bytes": args.bytes,
+            "receivers": args.receivers,
+            "egress_gbps": args.egress_gbps,
+            "receiver_gbps": ingress,
+        },
+        "alone_s": [bandwidth.alone_s(args.bytes, r, egress) for r in rates],
+        "finish_s": [finish[f.receiver] for f in flows],
+        "all_s": max(finish.values()),
+        "bound_s": bandwidth.all_receivers_bound(args.bytes, rates, egress),
+        "shared_link_bytes": args.bytes * args.receivers,
+        "formula": "max-min fair shares of the egress (progressive filling); "
+        "T_all >= max(max_i S/r_i, N*S/E)",
+    }
+
+
+def calc_window(args: argparse.Namespace) -> dict[str, Any]:
+    lifetimes = parse_list(args.available, "available")
+    out: dict[str, Any] = {
+        "inputs": {"available": lifetimes, "prepare": args.prepare, "rate": args.rate},
+        "usable_s": [elastic.usable_s(a, args.prepare) for a in lifetimes],
+    }
+    if args.rate is not None:
+        out["tokens"] = [elastic.useful_tokens(a, args.prepare, args.rate) for a in lifetimes]
+    return out | {"formula": "usable = max(L - T0, 0); tokens = usable x rate"}
+
+
+def calc_breakeven(args: argparse.Namespace) -> dict[str, Any]:
+    added = parse_list(args.added_cost, "added-cost")
+    multiples = parse_list(args.throughput, "throughput")
+    return {
+        "inputs": {"base_cost": args.base_cost, "added_cost": added, "throughput": multiples},
+        "total_cost": args.base_cost + sum(added),
+        "breakeven_throughput": elastic.breakeven(args.base_cost, added),
+        "relative_cost_per_work": [
+            elastic.relative_cost_per_work(args.base_cost, added, x) for x in multiples
+        ],
+        "formula": "break-even = (C + sum C_i) / C; "
+        "cost per work relative to the base = break-even / throughput",
+    }
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -167,6 +224,9 @@ CALCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "remaining": calc_remaining,
     "latest-start": calc_latest_start,
     "deferral": calc_deferral,
+    "transfer": calc_transfer,
+    "window": calc_window,
+    "breakeven": calc_breakeven,
 }
 
 
@@ -199,7 +259,27 @@ def add_parsers(sub: Any) -> None:
     d.add_argument("--saved", type=float, required=True, metavar="DEVICE_S", help="device-seconds saved")
     d.add_argument("--group-devices", type=float, required=True, metavar="N", help="devices of the group")
     d.add_argument("--delay", type=float, required=True, metavar="S", help="extra seconds the group waits")
-    for p in (it, q, b, r, ls, d):
+    t = sub.add_parser("transfer", help="weights to N receivers over a shared egress: finish times, bound")
+    t.add_argument("--bytes", type=float, required=True, metavar="B", help="weight bytes each receiver gets")
+    t.add_argument("--receivers", type=int, required=True, metavar="N")
+    t.add_argument("--egress-gbps", type=float, required=True, metavar="E", help="the sender's link, Gbit/s")
+    t.add_argument(
+        "--receiver-gbps",
+        required=True,
+        metavar="R",
+        help="each receiver's link, Gbit/s: one, or one per receiver",
+    )
+    w = sub.add_parser("window", help="a transient instance's usable seconds (and tokens) in its window")
+    w.add_argument("--available", required=True, metavar="L", help="seconds available: one, or a list")
+    w.add_argument("--prepare", type=float, required=True, metavar="T0", help="seconds to prepare")
+    w.add_argument("--rate", type=float, metavar="R", help="useful tokens per second (optional)")
+    be = sub.add_parser("breakeven", help="throughput needed before added instances lower cost per work")
+    be.add_argument("--base-cost", type=float, required=True, metavar="C", help="cost per hour of the base")
+    be.add_argument("--added-cost", required=True, metavar="C1,C2,...", help="each added instance's cost")
+    be.add_argument(
+        "--throughput", default="1.2,1.6", metavar="X,...", help="multiples to price (default 1.2,1.6)"
+    )
+    for p in (it, q, b, r, ls, d, t, w, be):
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
