@@ -29,7 +29,7 @@ from typing import Any
 import ray
 import torch
 
-from actors.pool import VerifierPool
+from actors.pool import VerifierPool, step
 from actors.rollout import RolloutInstance
 from actors.trainer import TrainingGroup
 from rlsched.config import JobConfig
@@ -147,17 +147,11 @@ class JobController:
                 )
                 for pool in pools:
                     pool.dispatch((batch,))
-            waitables = [*streams, *(ref for p in pools for ref in p.waitables())]
-            ray.wait(waitables, num_returns=1, timeout=0.5)  # block until something is done (or 0.5 s),
-            for pool in pools:
-                pool.watch()  # timeouts, heartbeats, overdue runs
-            ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)  # then take all that are
-            for ref in ready:
-                if ref in streams:
-                    self._on_sample(iteration, ref, streams, start, samples, references)
-                for pool in pools:
-                    if pool.owns(ref):
-                        pool.on_ready(ref)
+            step(
+                pools,
+                list(streams),
+                lambda ref: self._on_sample(iteration, ref, streams, start, samples, references),
+            )
         outcomes = {RequestId(t): o for p in pools for t, o in p.take_outcomes().items()}
         return samples, outcomes
 

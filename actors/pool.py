@@ -30,7 +30,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +42,7 @@ from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.lifecycle import SlotState, slot_transition
-from rlsched.policy.timeouts import TimeoutParams, TimeoutTable
+from rlsched.policy.timeouts import TimeoutTable
 from rlsched.policy.verify import (
     BatchState,
     Dispatch,
@@ -58,7 +58,6 @@ from rlsched.policy.verify import (
 )
 from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Prepared, Verdict, VerifyRequest
 
-OVERDUE_QUANTILE = 0.9
 # what a CPU stage hands to the GPU stage: the task, its request, verifier kind, iteration, payload
 OnPrepared = Callable[[PendingVerification, VerifyRequest, "str | None", int, Prepared], None]
 
@@ -70,6 +69,10 @@ def _exited(pid: int) -> bool:
             return f.read().rsplit(") ", 1)[1].startswith("Z")
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return True
+
+
+def _timeout_key(task: PendingVerification) -> str:
+    return f"{task.kind}/{task.key}"
 
 
 def _await_exit(pid: int, limit_s: float = 10.0) -> None:
@@ -95,13 +98,17 @@ class _Slot:
     handle: Any
     state: SlotState
     pid: int | None = None  # from its first heartbeat, when it runs on the controller's node
-    task: TaskId | None = None
     beat: Any = None  # the outstanding heartbeat call, if any
-    beat_sent: float = 0.0
     last_heard: float = 0.0
 
     def to(self, state: SlotState) -> None:
         self.state = slot_transition(self.state, state)
+
+    def kill_here(self) -> None:
+        """SIGKILL its process when it runs on the controller's node (a no-op elsewhere, or if gone)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
 
 @dataclass
@@ -128,6 +135,8 @@ class VerifierPool:
     ) -> None:
         self.cfg, self.retries, self.estimator, self.spans = cfg, retries, estimator, spans
         self.clock, self.log = clock, log
+        if stage == "cpu" and on_prepared is None:
+            raise ValueError("a CPU-stage pool needs on_prepared: where its prepared work goes next")
         self.stage, self.on_prepared = stage, on_prepared
         size = cfg.gpu_workers if stage == "gpu" else cfg.workers
         if stage == "gpu" and (have := ray.cluster_resources().get("GPU", 0.0)) < size:
@@ -135,8 +144,7 @@ class VerifierPool:
                 f"verifier.gpu_workers is {size} but the Ray cluster has {have:g} GPU(s); each GPU worker "
                 "holds one device of its own. Lower verifier.gpu_workers or add GPU nodes"
             )
-        t = cfg.timeout
-        self.timeouts = TimeoutTable(TimeoutParams(t.floor_s, t.factor, t.cap_s, t.hard_cap_s))
+        self.timeouts = TimeoutTable(cfg.timeout.params())
         self.slots: dict[WorkerId, _Slot] = {}
         self.starting: dict[Any, WorkerId] = {}  # a fresh worker's first heartbeat -> the worker
         self._node = ray.get_runtime_context().get_node_id()
@@ -175,16 +183,13 @@ class VerifierPool:
         slot.to(SlotState.STOPPING)
         run.stopping = why
         ray.kill(slot.handle, no_restart=True)
-        if slot.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(slot.pid, signal.SIGKILL)
+        slot.kill_here()
 
     def _replace(self, wid: WorkerId) -> None:
         """The old worker's exit was observed (on this node: its pid is gone); a fresh one starts."""
         slot = self.slots.pop(wid)
         if slot.pid is not None:  # Ray counts it dead: make sure of it on this node
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(slot.pid, signal.SIGKILL)
+            slot.kill_here()
             _await_exit(slot.pid)
         slot.to(SlotState.GONE)
         self._start_worker()
@@ -254,7 +259,7 @@ class VerifierPool:
             return
         snapshot = VerifySnapshot(
             tuple(self.pending.values()),
-            tuple(WorkerSlot(w, s.task) for w, s in self.slots.items() if s.state is SlotState.IDLE),
+            tuple(WorkerSlot(w) for w, s in self.slots.items() if s.state is SlotState.IDLE),
             running=self._running(),
             batches=batches,
             estimator=self.estimator,
@@ -276,18 +281,16 @@ class VerifierPool:
         for held in (wid, *gang):
             slot = self.slots[held]
             slot.to(SlotState.BUSY)
-            slot.task, slot.last_heard = task.task_id, self.clock()
+            slot.last_heard = self.clock()
         ref = self.slots[wid].handle.verify.remote(
             replace(request, attempt=task.attempt), kind, self.stage, self.payloads.get(task.task_id, b"")
         )
-        timeout = self.timeouts.timeout(f"{task.kind}/{task.key}")
+        timeout = self.timeouts.timeout(_timeout_key(task))
         self.runs[ref] = _Run(task, wid, self.clock(), iteration, timeout, gang=gang)
 
     def _release_gang(self, run: _Run) -> None:
         for held in run.gang:
-            slot = self.slots[held]
-            slot.to(SlotState.IDLE)
-            slot.task = None
+            self.slots[held].to(SlotState.IDLE)
 
     # -- watching ----------------------------------------------------------------------------------
 
@@ -301,7 +304,7 @@ class VerifierPool:
                     f"{run.timeout_s:.3g} s timeout on {run.worker}: killing the worker"
                 )
                 self._stop(run, "timeout")
-            elif elapsed > self.estimator.quantile(run.task.kind, "", OVERDUE_QUANTILE):
+            elif elapsed > self.estimator.overdue_after(run.task.kind):
                 self.estimator.running_for(run.task.kind, run.task.key, run.task.task_id, elapsed)
         self._heartbeats(now)
 
@@ -321,7 +324,7 @@ class VerifierPool:
                 self.log(f"verifier worker {wid} has not answered for {now - slot.last_heard:.1f} s: lost")
                 self._stop(by_worker[wid], "lost")
             elif slot.beat is None and now - slot.last_heard >= self.cfg.heartbeat_s:
-                slot.beat, slot.beat_sent = slot.handle.heartbeat.remote(), now
+                slot.beat = slot.handle.heartbeat.remote()
 
     # -- results -----------------------------------------------------------------------------------
 
@@ -360,12 +363,11 @@ class VerifierPool:
             self._replace(run.worker)
         else:
             slot.to(SlotState.IDLE)
-            slot.task = None
         self._release_gang(run)
         if isinstance(outcome, Verdict | Prepared):
             self.estimator.observe(task.kind, task.key, max(0.0, w_end - w_start), run_id=task.task_id)
             if isinstance(outcome, Prepared) or outcome.correct:
-                self.timeouts.correct_run(f"{task.kind}/{task.key}", max(0.0, w_end - w_start))
+                self.timeouts.correct_run(_timeout_key(task), max(0.0, w_end - w_start))
         if isinstance(outcome, Prepared):
             self._hand_on(run, outcome, now, w_start)
             return
@@ -377,48 +379,37 @@ class VerifierPool:
         request, kind, iteration = self.requests.pop(run.task.task_id)
         self._free_at_arrival.pop(run.task.task_id, None)
         self._faults.pop(run.task.task_id, None)
-        if self.on_prepared is None:
-            fault = ExecutionFault(
-                run.task.task_id, FaultKind.RESOURCES, "two-stage verifier but no GPU stage", run.task.attempt
-            )
-            self.outcomes[run.task.task_id] = fault
-            return
+        assert self.on_prepared is not None  # only a CPU-stage pool asks for Prepared, and it has one
         gpu_task = replace(run.task, arrival=now, attempt=0, elapsed=0.0)
         self.on_prepared(gpu_task, request, kind, iteration, prepared)
 
     def _on_worker_ended(self, run: _Run, now: float, err: Exception) -> None:
         task, elapsed = run.task, now - run.dispatched
-        why = run.stopping
-        if why is None:
-            self.counts.died += 1
-            self.log(f"verifier worker {run.worker} died verifying {task.task_id}: {type(err).__name__}")
         self._replace(run.worker)
         self._release_gang(run)
         self.estimator.observe(task.kind, task.key, elapsed, censored=True, run_id=task.task_id)
-        match why:
-            case "timeout":
-                self.counts.timeouts += 1
-                detail = (
-                    f"stopped after {elapsed:.3g} s, past its {run.timeout_s:.3g} s timeout (worker killed)"
-                )
-                self._settle(
-                    run, ExecutionFault(task.task_id, FaultKind.TIMEOUT, detail, task.attempt), now, now
-                )
-            case "lost":
-                self.counts.lost += 1
-                detail = f"worker {run.worker} stopped answering heartbeats (killed after {elapsed:.3g} s)"
-                self._settle(
-                    run, ExecutionFault(task.task_id, FaultKind.CRASH, detail, task.attempt), now, now
-                )
+        match run.stopping:
             case "preempted":
                 self.counts.preempted += 1
                 self._span(run, now, now, "Preempted")
                 self._requeue(task)
-            case _:
-                detail = f"worker {run.worker} died mid-verification ({type(err).__name__})"
-                self._settle(
-                    run, ExecutionFault(task.task_id, FaultKind.CRASH, detail, task.attempt), now, now
+                return
+            case "timeout":
+                self.counts.timeouts += 1
+                kind = FaultKind.TIMEOUT
+                detail = (
+                    f"stopped after {elapsed:.3g} s, past its {run.timeout_s:.3g} s timeout (worker killed)"
                 )
+            case "lost":
+                self.counts.lost += 1
+                kind = FaultKind.CRASH
+                detail = f"worker {run.worker} stopped answering heartbeats (killed after {elapsed:.3g} s)"
+            case _:
+                self.counts.died += 1
+                self.log(f"verifier worker {run.worker} died verifying {task.task_id}: {type(err).__name__}")
+                kind = FaultKind.CRASH
+                detail = f"worker {run.worker} died mid-verification ({type(err).__name__})"
+        self._settle(run, ExecutionFault(task.task_id, kind, detail, task.attempt), now, now)
 
     def _requeue(self, task: PendingVerification) -> None:
         """Back in the queue with attempt + 1, to run again from the start (a verification cannot
@@ -463,19 +454,14 @@ class VerifierPool:
 
     def drain(self, batches: tuple[BatchState, ...] = (), timeout_s: float = 600.0) -> dict[TaskId, Outcome]:
         """Run what was submitted to the end (for callers with nothing else to wait on: benchmarks,
-        tests); the settled outcomes. The controller runs the same steps in its own loop, beside
+        tests); the settled outcomes. The controller runs the same `step`s in its own loop, beside
         the generation streams."""
         give_up = self.clock() + timeout_s
         while not self.idle:
             if self.clock() > give_up:
                 raise TimeoutError(f"the verifier pool did not finish within {timeout_s:g} s")
             self.dispatch(batches)
-            refs = self.waitables()
-            ray.wait(refs, num_returns=1, timeout=0.2)
-            self.watch()
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in ready:
-                self.on_ready(ref)
+            step([self], timeout_s=0.2)
         return self.take_outcomes()
 
     def take_outcomes(self) -> dict[TaskId, Outcome]:
@@ -492,3 +478,28 @@ class VerifierPool:
         for slot in self.slots.values():
             ray.kill(slot.handle)
         self.slots.clear()
+
+
+def step(
+    pools: Sequence[VerifierPool],
+    others: Iterable[Any] = (),
+    on_other: Callable[[Any], None] | None = None,
+    timeout_s: float = 0.5,
+) -> None:
+    """One turn of a loop that waits on verifier pools (and on `others`, e.g. generation streams):
+    block until something is done or `timeout_s` passes, let each pool watch its runs, then hand
+    every finished call to its pool, and each finished one of `others` to `on_other`, in the order
+    Ray returns them."""
+    refs = [*others, *(ref for pool in pools for ref in pool.waitables())]
+    if not refs:
+        return
+    ray.wait(refs, num_returns=1, timeout=timeout_s)
+    for pool in pools:
+        pool.watch()  # timeouts, heartbeats, overdue runs
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in ready:
+        owner = next((pool for pool in pools if pool.owns(ref)), None)
+        if owner is not None:
+            owner.on_ready(ref)
+        elif on_other is not None:
+            on_other(ref)

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, cast
 
 import ray
 
@@ -29,6 +29,7 @@ from verifiers.protocol import (
     FaultKind,
     Outcome,
     Prepared,
+    TwoStageVerifier,
     VerifyRequest,
     is_two_stage,
     run_stage,
@@ -82,7 +83,7 @@ class VerifierWorker:
             time.sleep(self.delay_s)
         if stage == "whole" or not is_two_stage(verifier):
             return run_verifier(verifier, request)
-        two: Any = verifier
+        two = cast(TwoStageVerifier, verifier)
         if stage == "cpu":
             return run_stage(verifier, request, lambda: two.prepare(request))
         return run_stage(verifier, request, lambda: two.run_prepared(request, payload))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from rlsched.errors import UserError
+from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
 
@@ -127,12 +128,15 @@ class TimeoutConfig(_Section):
     cap_s: float = Field(30.0, gt=0)
     hard_cap_s: float = Field(120.0, gt=0)
 
+    def params(self) -> TimeoutParams:
+        return TimeoutParams(self.floor_s, self.factor, self.cap_s, self.hard_cap_s)
+
     @model_validator(mode="after")
     def _ordered(self) -> TimeoutConfig:
-        if not self.floor_s <= self.cap_s <= self.hard_cap_s:
-            raise ValueError(
-                f"need floor_s <= cap_s <= hard_cap_s, got {self.floor_s}, {self.cap_s}, {self.hard_cap_s}"
-            )
+        try:
+            self.params()  # one rule, kept with the policy
+        except ValueError as err:
+            raise ValueError(f"{err}; got {self.floor_s}, {self.cap_s}, {self.hard_cap_s}") from None
         return self
 
 

@@ -33,12 +33,15 @@ class EstimatorParams:
     min_observations: int = 3  # a key's own history is used once it has this many, else its kind's
     prior_mean_s: float = 1.0  # exponential prior when a kind has no history yet
     max_keys: int = 100_000  # keys remembered; the least recently observed is forgotten first
+    overdue_quantile: float = 0.9  # a run past this quantile of its kind is reported (`running_for`)
 
     def __post_init__(self) -> None:
         if min(self.window, self.min_observations, self.max_keys) < 1:
             raise ValueError("window, min_observations and max_keys must be at least 1")
         if not self.prior_mean_s > 0:
             raise ValueError("prior_mean_s must be positive")
+        if not 0.0 < self.overdue_quantile < 1.0:
+            raise ValueError("overdue_quantile must lie strictly between 0 and 1")
 
 
 @dataclass
@@ -173,6 +176,11 @@ class RemainingTime:
 
     def remaining(self, kind: str, key: str = "", elapsed: float = 0.0) -> float:
         return self.estimate(kind, key, elapsed).remaining_s
+
+    def overdue_after(self, kind: str) -> float:
+        """How long a run of `kind` may go before its caller should report it with `running_for`
+        (the kind's `overdue_quantile`): the simulator and the Ray pool both ask this."""
+        return self.quantile(kind, "", self.params.overdue_quantile)
 
     def quantile(self, kind: str, key: str = "", p: float = 0.9, elapsed: float = 0.0) -> float:
         """The p-quantile of the remaining time `S - e` given `S > e`."""

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import heapq
 import math
-import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import NewType
 
@@ -166,21 +165,22 @@ def _coarse(elapsed: float) -> float:
     return float(2.0 ** (round(math.log2(elapsed) * 32) / 32))
 
 
-def batch_deadlines(snapshot: VerifySnapshot, now: float, params: VerifyParams) -> dict[BatchId, float]:
-    """Each batch's predicted completion: no sooner than its longest known piece of work (a running
-    run's remaining time, a queued run's planned time, the last generation plus a verification),
-    nor than its share of the pool could clear its expected work."""
+def _batch_plans(
+    snapshot: VerifySnapshot, now: float, params: VerifyParams
+) -> tuple[dict[BatchId, float], float]:
+    """Each batch's longest known piece of work (a running run's remaining time, a queued run's
+    planned time, the last generation plus a verification), and the expected work of all batches."""
     est, q = snapshot.estimator, params.quantile
     plan: dict[BatchId, float] = {}
-    work: dict[BatchId, float] = {}
+    total = 0.0
 
     def add(batch: BatchId, end: float, expected: float) -> None:
+        nonlocal total
         plan[batch] = max(plan.get(batch, now), end)
-        work[batch] = work.get(batch, 0.0) + expected
+        total += expected
 
     for r in snapshot.running:
-        e = _coarse(now - r.started + r.elapsed_before)
-        left = 1.0 if est is None else est.remaining(r.kind, r.key, e)
+        left = _running_left(snapshot, now, r)
         add(r.batch_id, now + left, left)
     alike = Counter((p.batch_id, p.kind, p.key, p.elapsed) for p in snapshot.pending)
     for (batch, kind, key, elapsed), count in alike.items():  # one estimate per kind of work
@@ -191,8 +191,14 @@ def batch_deadlines(snapshot: VerifySnapshot, now: float, params: VerifyParams) 
             one = 1.0 if est is None else est.quantile(b.kind, "", q)
             mean = 1.0 if est is None else est.remaining(b.kind, "")
             add(b.batch_id, max(now, b.generation_end or now) + b.prep_s + one, b.outstanding * mean)
+    return plan, total
+
+
+def batch_deadlines(snapshot: VerifySnapshot, now: float, params: VerifyParams) -> dict[BatchId, float]:
+    """Each batch's predicted completion: no sooner than its longest known piece of work, nor than
+    the pool could clear the expected work of every batch."""
+    plan, total = _batch_plans(snapshot, now, params)
     pool = snapshot.pool_size or len(snapshot.workers) or 1
-    total = sum(work.values())
     return {b: max(end, now + total / pool) if total else end for b, end in plan.items()}
 
 
@@ -332,7 +338,7 @@ def _preemptions(
     a worker back and forth."""
     dispatched = {d.task_id for d in decisions if isinstance(d, Dispatch)}
     deadlines = batch_deadlines(snapshot, now, params)
-    plans = batch_deadlines(replace(snapshot, pool_size=sys.maxsize), now, params)  # known pieces only
+    plans, _ = _batch_plans(snapshot, now, params)
     rate = {b.batch_id: b.cost_rate for b in snapshot.batches}
     wait = min(_running_left(snapshot, now, r) for r in snapshot.running)
     est, q = snapshot.estimator, params.quantile
@@ -405,11 +411,7 @@ def advise_pool(
     sizes on a doubling ladder up to `max_workers`. `worker_cost` weighs one worker-second against
     one device-second of an idle training group (a CPU core is cheaper than a GPU)."""
     est = snapshot.estimator
-    busy = sorted(
-        now
-        + (1.0 if est is None else est.remaining(r.kind, r.key, _coarse(now - r.started + r.elapsed_before)))
-        for r in snapshot.running
-    )
+    busy = sorted(now + _running_left(snapshot, now, r) for r in snapshot.running)
     ordered = _distrs_order(snapshot, now, params)
     jobs = [(p.batch_id, now, _remaining(snapshot, p)) for p in ordered]
     for b in snapshot.batches:  # outstanding samples arrive by the end of generation, say at its end

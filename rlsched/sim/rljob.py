@@ -58,7 +58,6 @@ from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
 
 Done = Callable[[TaskId, float, WorkerId], None]  # (task, start, worker), called at the end
-OVERDUE_QUANTILE = 0.9  # a run past this quantile of its kind's times tells its siblings so
 
 
 @dataclass
@@ -173,7 +172,7 @@ class _Stage:
             duration, _ = self.work[task.task_id]
             self.sim.after(duration, partial(self._finish, workers[0], task.task_id, self.sim.now))
             if self.learns and task.key:  # look again once it has run what its kind usually takes
-                after = max(self.estimator.quantile(task.kind, "", OVERDUE_QUANTILE), 1e-6)
+                after = max(self.estimator.overdue_after(task.kind), 1e-6)
                 self.sim.after(after, partial(self._overdue, task, self.sim.now))
         if self.preempted > preempted:
             self.dispatch()  # the preempted runs' workers are free now

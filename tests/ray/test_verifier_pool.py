@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 
-from actors.pool import VerifierPool
+from actors.pool import VerifierPool, step
 from rlsched.config import TimeoutConfig, VerifierConfig
 from rlsched.metrics.spans import Span
 from rlsched.policy.estimate import RemainingTime
@@ -269,11 +268,7 @@ def test_two_stage_verifiers_compile_on_cpu_workers_and_run_on_exclusive_gpu_wor
         while not (cpu.idle and gpu.idle):
             for pool in (cpu, gpu):
                 pool.dispatch(())
-                refs = pool.waitables()
-                if refs:
-                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.2)
-                    for ref in ready:
-                        pool.on_ready(ref)
+            step([cpu, gpu], timeout_s=0.2)
         out = {**cpu.take_outcomes(), **gpu.take_outcomes()}
         with pytest.raises(UserError, match="gpu_workers is 3 but the Ray cluster has 2 GPU"):
             VerifierPool(cfg.model_copy(update={"gpu_workers": 3}), 0, RemainingTime(), [], stage="gpu")
