@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pip on some machines warns once per package about unreachable local index folders; hide only that
 PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup run test test-fast lint bench clean-venv
+.PHONY: setup run test test-fast lint bench proto clean-venv
 
 setup: $(STAMP)
 
@@ -40,6 +40,10 @@ lint: setup
 
 bench: setup
 	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# the weight service's gRPC stubs, committed so that running needs only grpcio and protobuf
+proto: setup
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. rlsched/transfer/weights.proto
 
 clean-venv:
 	rm -rf $(VENV)

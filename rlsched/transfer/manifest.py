@@ -2,12 +2,17 @@
 every chunk as it lands and knows where to resume.
 
 The publisher describes a version's BF16 safetensors bytes once: the tensors (name, dtype, shape and
-their byte range, read from the safetensors header), fixed-size chunks each with its SHA-256, and
+their byte range, read from the safetensors header), fixed-size chunks each with its XXH3-64, and
 the SHA-256 of the whole (the checksum instances confirm before they may serve). A receiver fills a
-preallocated buffer chunk by chunk: a chunk whose digest does not match is refused (fetch it
-again), a chunk that is not the next one expected is refused (streams are in order), and after a
-broken stream `resume_offset` says where to ask from: the end of the last verified chunk. The
-assembly is confirmed only when every chunk has been verified and the whole checksum matches.
+preallocated buffer chunk by chunk: a chunk whose hash does not match is refused (fetch it again), a
+chunk that is not the next one expected is refused (streams are in order), and after a broken
+stream `resume_offset` says where to ask from: the end of the last verified chunk. The assembly is
+confirmed only when every chunk has been verified and the whole SHA-256 matches.
+
+Why XXH3 per chunk: it catches damage in transit at about 10 GB/s on this machine, where SHA-256
+runs at 1.4 GB/s and zlib's CRC-32 at 2.6 GB/s; checked on arrival, either of those held a loopback
+receiver well below a raw socket's rate. The cryptographic identity of a version is its whole
+SHA-256, checked once at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import json
 import struct
 from dataclasses import dataclass
 from enum import StrEnum
+
+import xxhash
 
 DEFAULT_CHUNK_BYTES = 4 << 20  # 1-4 MiB messages were the fast ones on loopback (64 KiB: 2.5x slower)
 
@@ -38,7 +45,7 @@ class TensorInfo:
 class ChunkInfo:
     offset: int
     length: int
-    sha256: str
+    xxh3: int  # XXH3-64 of the chunk's bytes
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ def build_manifest(version: int, blob: bytes, chunk_bytes: int = DEFAULT_CHUNK_B
         raise ManifestError(f"chunk_bytes must be positive, got {chunk_bytes}")
     view = memoryview(blob)
     chunks = tuple(
-        ChunkInfo(o, min(chunk_bytes, len(blob) - o), hashlib.sha256(view[o : o + chunk_bytes]).hexdigest())
+        ChunkInfo(o, min(chunk_bytes, len(blob) - o), xxhash.xxh3_64_intdigest(view[o : o + chunk_bytes]))
         for o in range(0, len(blob), chunk_bytes)
     )
     return Manifest(
@@ -99,16 +106,20 @@ def build_manifest(version: int, blob: bytes, chunk_bytes: int = DEFAULT_CHUNK_B
 
 class Accepted(StrEnum):
     OK = "ok"
-    CORRUPT = "corrupt"  # its digest does not match the manifest: fetch it again
+    CORRUPT = "corrupt"  # its hash does not match the manifest: fetch it again
     OUT_OF_ORDER = "out of order"  # not the chunk expected next: resume from `resume_offset`
 
 
 class Assembly:
     """A receiver's copy of one version, filled in order, every chunk verified on arrival."""
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, buffer: bytearray | None = None) -> None:
+        """`buffer`: reuse this one (an instance keeps its buffer from one version to the next;
+        allocating and zeroing a fresh one costs about 1 CPU-second per GB here) if its size fits."""
         self.manifest = manifest
-        self.buffer = bytearray(manifest.nbytes)
+        self.buffer = (
+            buffer if buffer is not None and len(buffer) == manifest.nbytes else bytearray(manifest.nbytes)
+        )
         self.verified = 0  # chunks verified, all of them before the next expected one
         self._confirmed: bool | None = None
 
@@ -117,21 +128,35 @@ class Assembly:
         """Where a new stream should start: the end of the last verified chunk."""
         return min(self.verified * self.manifest.chunk_bytes, self.manifest.nbytes)
 
+    @property
+    def complete(self) -> bool:
+        return self.verified == len(self.manifest.chunks)
+
     def accept(self, offset: int, data: bytes | memoryview) -> Accepted:
+        """Copy a chunk that arrived as a message into place and verify it."""
         m = self.manifest
-        if offset != self.resume_offset or self.verified >= len(m.chunks):
+        if offset != self.resume_offset or self.complete:
             return Accepted.OUT_OF_ORDER
-        chunk = m.chunks[self.verified]
-        if len(data) != chunk.length or hashlib.sha256(data).hexdigest() != chunk.sha256:
+        if len(data) != m.chunks[self.verified].length:
             return Accepted.CORRUPT
-        self.buffer[offset : offset + chunk.length] = data
+        self.buffer[offset : offset + len(data)] = data
+        return self.verify_next()
+
+    def verify_next(self) -> Accepted:
+        """Verify the next chunk where it lies in the buffer (a data plane received it in place)."""
+        if self.complete:
+            return Accepted.OUT_OF_ORDER
+        chunk = self.manifest.chunks[self.verified]
+        view = memoryview(self.buffer)[chunk.offset : chunk.offset + chunk.length]
+        if xxhash.xxh3_64_intdigest(view) != chunk.xxh3:
+            return Accepted.CORRUPT
         self.verified += 1
         return Accepted.OK
 
     def confirm(self) -> bool:
         """Every chunk verified and the whole checksum equal to the manifest's (hashed once, when
         the last chunk is in; an instance may serve this version only after this says yes)."""
-        if self.verified < len(self.manifest.chunks):
+        if not self.complete:
             return False
         if self._confirmed is None:
             self._confirmed = hashlib.sha256(self.buffer).hexdigest() == self.manifest.sha256
