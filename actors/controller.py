@@ -1,15 +1,18 @@
 """The job controller: one RL iteration as numbered phases over the Ray actors.
 
-1. `request_samples`      - group_size samples per prompt, spread over the READY instances (under
-                            `distrs`, problems with the longest expected verification first);
+1. `request_samples`      - group_size samples per prompt, queued for the rollout fleet
+                            (`actors.fleet`: READY instances at an admissible version take batches
+                            as they free up, joiners included; under `distrs`, problems with the
+                            longest expected verification first);
 2. `generate_and_verify`  - every finished sample is handed to the verifier pool (`actors.pool`)
                             the moment it arrives, dispatched by `rlsched.policy.verify.decide` and
                             verified while generation goes on; `schedule.overlap: false` waits for
                             all samples first (the sequential baseline);
 3. `assemble`             - group-relative advantages over fully judged groups at an allowed version;
 4. `update`               - the training group's GRPO step (all ranks, gradients all-reduced);
-5. `publish`              - rank 0's new BF16 version into the object store;
-6. `reload`               - every instance loads it and confirms the checksum;
+5. `publish`              - rank 0's new BF16 version, held by its weight service;
+6. `reload`               - every serving instance pulls it over the weight link, loads it and
+                            confirms the checksum;
 7. `commit`               - the iteration record appended to metrics.jsonl and fsync'ed.
 
 The controller runs in the driver and holds only handles and bookkeeping; every span it records is
@@ -29,9 +32,9 @@ from typing import Any
 import ray
 import torch
 
+from actors.fleet import Fleet
 from actors.pool import VerifierPool, step
-from actors.rollout import RolloutInstance
-from actors.trainer import TrainingGroup
+from actors.trainer import PublishedVersion, TrainingGroup
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams
 from rlsched.metrics.spans import Span, SpanKind
@@ -51,6 +54,7 @@ from rlsched.rl.grpo import group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
 from rlsched.rl.update import TrainItem
+from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet, VerifierSpecError
 from verifiers.protocol import ExecutionFault, Outcome, Prepared, Verdict, VerifyRequest, run_verifier
 
@@ -71,8 +75,21 @@ class IterationRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def store_path(cfg: JobConfig, out_dir: Path | None) -> Path | None:
+    """Where the partial-output store lives: store.path, else partial.sqlite in the run's directory."""
+    if not cfg.store.enabled:
+        return None
+    return cfg.store.path or (out_dir or cfg.run.out_dir) / "partial.sqlite"
+
+
 class JobController:
-    def __init__(self, cfg: JobConfig, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        log: Callable[[str], None] = print,
+        out_dir: Path | None = None,
+        inbox: Any = None,
+    ) -> None:
         self.cfg = cfg
         self.log = log
         self.clock = time.monotonic
@@ -85,14 +102,13 @@ class JobController:
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.sampling = sampling_params(cfg.sampling, self.template)
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
-        self.group = TrainingGroup(cfg.trainer, cfg.grpo, checkpoint, cfg.run.seed)
-        self.instances = {
-            f"rollout-{i}": RolloutInstance.options(num_cpus=cfg.rollout.cpus_per_instance).remote(
-                f"rollout-{i}", checkpoint, cfg.engine.max_batch, cfg.engine.use_cache, cfg.run.seed + i
-            )
-            for i in range(cfg.rollout.instances)
-        }
+        self.group = TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed)
+        self.fleet = Fleet(cfg, checkpoint, store_path(cfg, out_dir), self.spans, self.clock, log)
+        for i in range(cfg.rollout.instances):
+            self.fleet.add(f"rollout-{i}")
         self.version = 0
+        self.inbox = inbox  # `rlsched scale` commands arrive here (actors.scale)
+        self._polled = 0.0
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
         v, retries = cfg.verifier, cfg.grpo.verify_retries
         self.gpu_pool: VerifierPool | None = None
@@ -110,7 +126,9 @@ class JobController:
             stage="whole" if self.gpu_pool is None else "cpu",
             on_prepared=None if self.gpu_pool is None else self._to_gpu_stage,
         )
-        self.reload(*self.group.publish(0), iteration=0)
+        self.fleet.publish(self.group.publish(0))
+        self.fleet.reload()
+        self.fleet.wait_serving()
 
     # -- phases ----------------------------------------------------------------------------------
 
@@ -129,17 +147,14 @@ class JobController:
         self, iteration: int, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]
     ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
         start = self.clock()
-        names = list(self.instances)
-        chunks = {n: requests[i :: len(names)] for i, n in enumerate(names)}
-        streams = {
-            self.instances[n].generate.options(num_returns="streaming").remote(chunk): n
-            for n, chunk in chunks.items()
-            if chunk
-        }
+        fleet = self.fleet
+        fleet.begin(iteration, requests)
         samples: dict[RequestId, Sample] = {}
         pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
-        while streams or not all(p.idle for p in pools):
-            if self.cfg.schedule.overlap or not streams:
+        while fleet.generating or not all(p.idle for p in pools):
+            self._poll_inbox()
+            fleet.tick()
+            if self.cfg.schedule.overlap or not fleet.generating:
                 batch = BatchState(
                     BatchId(f"iter-{iteration}"),
                     cost_rate=float(self.cfg.trainer.ranks * max(1, self.cfg.trainer.gpus_per_rank)),
@@ -147,13 +162,27 @@ class JobController:
                 )
                 for pool in pools:
                     pool.dispatch((batch,))
+            wait_s = min(0.5, fleet.next_event_in() or 0.5)
+            others = fleet.waitables()
+            if not others and all(p.idle for p in pools):
+                time.sleep(min(wait_s, 0.05))  # only a transient window to wait for
+                continue
             step(
                 pools,
-                list(streams),
-                lambda ref: self._on_sample(iteration, ref, streams, start, samples, references),
+                others,
+                lambda ref: self._on_samples(iteration, fleet.on_ready(ref), start, samples, references),
+                timeout_s=wait_s,
             )
         outcomes = {RequestId(t): o for p in pools for t, o in p.take_outcomes().items()}
         return samples, outcomes
+
+    def _poll_inbox(self, every_s: float = 1.0) -> None:
+        if self.inbox is None or self.clock() - self._polled < every_s:
+            return
+        self._polled = self.clock()
+        for command in ray.get(self.inbox.take.remote()):
+            self.fleet.scale(command)
+        self.inbox.report.remote(self.fleet.snapshot())
 
     def _to_gpu_stage(
         self,
@@ -166,20 +195,26 @@ class JobController:
         assert self.gpu_pool is not None
         self.gpu_pool.submit(task, request, kind, iteration, prepared.payload)
 
-    def _on_sample(
+    def _on_samples(
         self,
         iteration: int,
-        stream: Any,
-        streams: dict[Any, str],
+        arrived: list[tuple[str, Sample]],
         start: float,
         samples: dict[RequestId, Sample],
         references: dict[RequestId, TaskProblem],
     ) -> None:
-        try:
-            sample: Sample = ray.get(next(stream))
-        except StopIteration:
-            del streams[stream]
-            return
+        for lane, sample in arrived:
+            self._on_sample(iteration, lane, sample, start, samples, references)
+
+    def _on_sample(
+        self,
+        iteration: int,
+        lane: str,
+        sample: Sample,
+        start: float,
+        samples: dict[RequestId, Sample],
+        references: dict[RequestId, TaskProblem],
+    ) -> None:
         now = self.clock()
         samples[sample.request_id] = sample
         self.spans.append(
@@ -189,7 +224,12 @@ class JobController:
                 start,
                 now,
                 iteration,
-                {"lane": streams[stream], "tokens": sample.num_tokens, "version": int(sample.weight_version)},
+                {
+                    "lane": lane,
+                    "tokens": sample.num_tokens,
+                    "version": int(sample.weight_version),
+                    "resumed_tokens": sample.resumed_tokens,
+                },
             )
         )
         problem = references[sample.request_id]
@@ -261,9 +301,9 @@ class JobController:
         )
         return stats.loss
 
-    def publish(self, iteration: int) -> tuple[Any, Any]:
+    def publish(self, iteration: int) -> PublishedVersion:
         start = self.clock()
-        blob_ref, meta = self.group.publish(self.version + 1)
+        meta = self.group.publish(self.version + 1)
         self.spans.append(
             Span(
                 SpanKind.PUBLISH,
@@ -274,30 +314,22 @@ class JobController:
                 {"lane": "trainer", "bytes": meta.nbytes, "checksum": meta.checksum[:16]},
             )
         )
-        return blob_ref, meta
+        return meta
 
-    def reload(self, blob_ref: Any, meta: Any, iteration: int) -> None:
-        results = ray.get(
-            [inst.load.remote(blob_ref, meta.version, meta.checksum) for inst in self.instances.values()]
-        )
-        for name, (_state, start, end) in zip(self.instances, results, strict=True):
-            self.spans.append(
-                Span(
-                    SpanKind.LOAD,
-                    f"{name}-v{meta.version}",
-                    start,
-                    end,
-                    iteration,
-                    {"lane": name, "version": meta.version},
-                )
-            )
+    def reload(self, meta: PublishedVersion) -> None:
+        self.fleet.publish(meta)
+        self.fleet.reload()
         self.version = meta.version
-        self._latest = blob_ref
 
     def save_policy(self, out: Path) -> Path:
-        """The latest published version as a checkpoint directory (`rlsched generate --checkpoint`)."""
+        """The latest published version as a checkpoint directory (`rlsched generate --checkpoint`),
+        pulled from the weight service like any instance would."""
+        latest = self.fleet.latest
+        assert latest is not None
+        with WeightClient(latest.address) as client:
+            pulled = client.pull(latest.version, receiver="driver")
         ckpt = load_checkpoint(self.cfg.model.checkpoint)
-        load_state_bytes(ckpt.model, ray.get(self._latest))
+        load_state_bytes(ckpt.model, pulled.blob)
         return save_checkpoint(ckpt.model, self.tokenizer, self.template, out)
 
     def run_iteration(self, iteration: int) -> IterationRecord:
@@ -308,8 +340,8 @@ class JobController:
         items, counts = self.assemble(requests, samples, outcomes)  # 3
         version = self.version
         loss = self.update(iteration, items)  # 4
-        blob_ref, meta = self.publish(iteration)  # 5
-        self.reload(blob_ref, meta, iteration)  # 6
+        meta = self.publish(iteration)  # 5
+        self.reload(meta)  # 6
         self.spans.append(
             Span(
                 SpanKind.ITERATION,
@@ -339,6 +371,8 @@ class JobController:
             extra={
                 "sample_versions": sorted({int(s.weight_version) for s in samples.values()}),
                 "verifier_pool": asdict(self.pool.counts),  # since the job started
+                "fleet": asdict(self.fleet.counts),  # since the job started
+                "serving": sorted(m.name for m in self.fleet.serving()),
             },
         )
 
@@ -352,8 +386,8 @@ class JobController:
         )
         prompts = self.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
         requests = [GenerationRequest(RequestId(str(i)), tuple(ids), params) for i, ids in enumerate(prompts)]
-        names = list(self.instances)
-        refs = [self.instances[n].complete.remote(requests[i :: len(names)]) for i, n in enumerate(names)]
+        handles = [m.handle for m in self.fleet.serving()]
+        refs = [h.complete.remote(requests[i :: len(handles)]) for i, h in enumerate(handles)]
         correct: dict[int, bool] = {}
         for batch in ray.get(refs):
             for s in batch:
@@ -372,8 +406,7 @@ class JobController:
         )
 
     def shutdown(self) -> None:
-        for handle in self.instances.values():
-            ray.kill(handle)
+        self.fleet.shutdown()
         self.pool.shutdown()
         if self.gpu_pool is not None:
             self.gpu_pool.shutdown()

@@ -18,7 +18,8 @@ from typing import Any
 
 import ray
 
-from actors.controller import IterationRecord, JobController, commit_record
+from actors.controller import IterationRecord, JobController, commit_record, store_path
+from actors.scale import open_inbox
 from rlsched.config import JobConfig
 from rlsched.errors import UserError
 from rlsched.metrics.plots import summary_png
@@ -27,6 +28,7 @@ from rlsched.model.checkpoint import load_checkpoint
 from rlsched.model.template import load_template
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task
+from rlsched.store.partial import PartialStore, StoreError
 
 
 @dataclass
@@ -42,9 +44,10 @@ class JobReport:
 
 
 def required_resources(cfg: JobConfig) -> dict[str, float]:
+    instances = cfg.rollout.instances + len(cfg.rollout.transient)  # transient ones may overlap
     cpus = (
         cfg.trainer.ranks * cfg.trainer.cpus_per_rank
-        + cfg.rollout.instances * cfg.rollout.cpus_per_instance
+        + instances * cfg.rollout.cpus_per_instance
         + cfg.verifier.workers * cfg.verifier.cpus_per_worker
     )
     return {"CPU": cpus, "GPU": cfg.trainer.ranks * cfg.trainer.gpus_per_rank}
@@ -117,12 +120,30 @@ def iteration_line(rec: IterationRecord, times: dict[str, Any]) -> str:
     )
 
 
-def preflight(cfg: JobConfig) -> None:
-    """Check what can be checked before any Ray process starts: checkpoint, template and task load."""
+def _open_inbox(job: str) -> Any:
+    try:
+        inbox = open_inbox(job)
+        ray.get(inbox.status.remote())
+    except ValueError as err:  # the name is taken
+        raise UserError(
+            f"a job named {job!r} is already running on this cluster ({err}); give this one another --out"
+        ) from None
+    return inbox
+
+
+def preflight(cfg: JobConfig, out_dir: Path) -> None:
+    """Check what can be checked before any Ray process starts: checkpoint, template and task load,
+    and the partial-output store can be written."""
     load_checkpoint(cfg.model.checkpoint)
     build_task(cfg.task)
     if cfg.model.template:
         load_template(cfg.model.template)
+    path = store_path(cfg, out_dir)
+    if path is not None:
+        try:
+            PartialStore(path).close()
+        except StoreError as err:
+            raise UserError(str(err)) from None
 
 
 Tick = Callable[[int, str], None]  # (iteration just committed, its one-line summary)
@@ -135,13 +156,14 @@ def run_job(
     log: Callable[[str], None] = print,
     tick: Tick | None = None,
 ) -> JobReport:
-    preflight(cfg)
+    preflight(cfg, out_dir)
     started = connect(cfg, address)
     controller: JobController | None = None
     try:
         check_capacity(cfg)
         t0 = time.monotonic()
-        controller = JobController(cfg, log=log)
+        inbox = _open_inbox(out_dir.name)
+        controller = JobController(cfg, log=log, out_dir=out_dir, inbox=inbox)
         log(
             f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
             f"({cfg.trainer.placement_strategy.value}), {cfg.rollout.instances} rollout instances, "

@@ -1,34 +1,93 @@
-"""Rollout instances: Ray actors that hold a rollout engine, follow the instance lifecycle, and stream
-each finished sample back the moment it exists (a Ray streaming generator, not a list at the end).
+"""Rollout instances: each holds a rollout engine, follows the instance lifecycle, takes its weights
+over the weight link, and streams every finished sample back the moment it exists.
 
-An instance receives each new weight version as BF16 bytes (today through the object store), loads
-it, confirms the checksum the engine computed against the published one, and only then is READY to
-take requests. Every sample carries the version that produced it.
+Joining (and taking each new version): ALLOCATED/READY -> TRANSFERRING (pull the version from the
+trainer's weight service, every chunk verified) -> LOADING (the engine takes the tensors) ->
+CONFIRMING (the engine's checksum of what it loaded against the published SHA-256, and the version
+against the one asked for) -> READY. Each step is a span in the returned `JoinReport`. A mismatch
+never reaches READY: the instance pulls again, and after `attempts` it gives up (RELEASED) with
+`JoinFailed`. Requests sent to an instance that is not READY are refused (`NotReady`).
+
+While it generates, the instance saves each running request's new tokens to the durable store
+every `flush_s` (`rlsched.store`), under the attempt the controller gave it; a reclaimed instance's
+requests then resume elsewhere from what was saved. A store that fails mid-run is logged once and
+generation goes on (the requests would restart instead of resuming).
+
+`Instance` is a plain class (component tests drive it without Ray); `RolloutInstance` is its actor.
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 import torch
 
-from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
+from rlsched.engine.protocol import GenerationRequest, Partial, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import load_checkpoint
 from rlsched.policy.lifecycle import InstanceState, transition
+from rlsched.store.partial import Chunk, PartialStore, StoreError
+from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
+from rlsched.transfer.plane import Plane
+
+log = logging.getLogger(__name__)
 
 
 class NotReady(RuntimeError):
     """Requests sent to an instance that is not READY: a controller bug, never silently served."""
 
 
-@ray.remote(max_concurrency=2)  # one thread streams samples, the other can abort them
-class RolloutInstance:
+class JoinFailed(RuntimeError):
+    """The instance could not take a version it could confirm; it never served it."""
+
+
+@dataclass(frozen=True)
+class JoinReport:
+    instance: str
+    version: int
+    transfer: tuple[float, float]  # monotonic start and end on the instance's node
+    load: tuple[float, float]
+    confirm: tuple[float, float]
+    nbytes: int
+    streams: int
+    broken: int
+    corrupt: int
+    attempts: int  # pulls it took to confirm (1 unless a mismatch forced another)
+
+    @property
+    def transfer_s(self) -> float:
+        return self.transfer[1] - self.transfer[0]
+
+    @property
+    def gbps(self) -> float:
+        return 8.0 * self.nbytes / max(self.transfer_s, 1e-9) / 1e9
+
+    def line(self) -> str:
+        load_s = self.load[1] - self.load[0]
+        confirm_s = self.confirm[1] - self.confirm[0]
+        return (
+            f"{self.instance} joined at v{self.version}: transfer {self.transfer_s:.2f} s "
+            f"({self.nbytes / 1e6:.1f} MB at {self.gbps:.3f} Gbit/s, {self.streams} stream(s)), "
+            f"load {load_s:.3f} s, confirm {confirm_s:.3f} s"
+        )
+
+
+class Instance:
     def __init__(
-        self, instance_id: str, checkpoint: str | None, max_batch: int, use_cache: bool, seed: int
+        self,
+        instance_id: str,
+        checkpoint: str | None,
+        max_batch: int,
+        use_cache: bool,
+        seed: int,
+        store_path: str | None = None,
+        flush_s: float = 0.25,
     ) -> None:
         torch.set_num_threads(1)
         self.instance_id = instance_id
@@ -37,41 +96,123 @@ class RolloutInstance:
         self.engine = TorchRolloutEngine(
             ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed
         )
+        self.store = PartialStore(Path(store_path)) if store_path else None
+        self.flush_s = flush_s
+        self._buffer: bytearray | None = None  # reused from one version to the next
+        self._attempt = 0
+        self.store_failures = 0
 
     def _to(self, target: InstanceState) -> None:
         self.state = transition(self.state, target)
 
-    def load(self, blob: bytes, version: int, expected_checksum: str) -> tuple[str, float, float]:
-        """LOADING -> CONFIRMING -> READY; returns the state and the span of the load."""
-        start = time.monotonic()
-        self._to(InstanceState.LOADING)
-        loaded = self.engine.load_weights(blob, WeightVersion(version))
-        self._to(InstanceState.CONFIRMING)
-        if loaded != expected_checksum:
+    # -- weights --------------------------------------------------------------------------------
+    def join(
+        self, address: str, version: int, ingress_bps: float = 0.0, plane: str = "tcp", attempts: int = 2
+    ) -> JoinReport:
+        """Take `version` from the weight service at `address`; READY only once it is confirmed."""
+        for attempt in range(1, attempts + 1):
+            self._to(InstanceState.TRANSFERRING)
+            t0 = time.monotonic()
+            stats, blob, published = self._pull(address, version, ingress_bps, Plane(plane))
+            t1 = time.monotonic()
             self._to(InstanceState.LOADING)
-            raise RuntimeError(
-                f"{self.instance_id}: loaded checksum {loaded[:12]} != published {expected_checksum[:12]}"
-            )
-        self._to(InstanceState.READY)
-        return str(self.state), start, time.monotonic()
+            loaded = self.engine.load_weights(blob, WeightVersion(version))
+            t2 = time.monotonic()
+            self._to(InstanceState.CONFIRMING)
+            problem = self._mismatch(stats, published, loaded, version)
+            t3 = time.monotonic()
+            if problem is None:
+                self._to(InstanceState.READY)
+                return JoinReport(
+                    self.instance_id, version, (t0, t1), (t1, t2), (t2, t3), stats.nbytes, stats.streams,
+                    stats.broken, stats.corrupt, attempt,
+                )  # fmt: skip
+            log.warning("%s: %s (attempt %d of %d)", self.instance_id, problem, attempt, attempts)
+        self._to(InstanceState.RELEASED)
+        raise JoinFailed(
+            f"{self.instance_id}: gave up on version {version} after {attempts} pulls: {problem}"
+        )
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
+    def _pull(
+        self, address: str, version: int, ingress_bps: float, plane: Plane
+    ) -> tuple[PullStats, bytes, str]:
+        try:
+            with WeightClient(address) as client:
+                pulled = client.pull(
+                    version,
+                    receiver=self.instance_id,
+                    ingress_bps=ingress_bps,
+                    plane=plane,
+                    buffer=self._buffer,
+                )
+        except (VersionNotFound, TransferFailed) as err:
+            self._to(InstanceState.RELEASED)
+            raise JoinFailed(f"{self.instance_id}: cannot take version {version}: {err}") from None
+        self._buffer = pulled.assembly.buffer
+        return pulled.stats, bytes(pulled.assembly.buffer), pulled.assembly.manifest.sha256
+
+    @staticmethod
+    def _mismatch(stats: PullStats, published: str, loaded: str, version: int) -> str | None:
+        if stats.version != version:
+            return f"the service sent version {stats.version} when {version} was asked for"
+        if not stats.confirmed:
+            return "the bytes received do not match the published SHA-256"
+        if loaded != published:
+            return f"the engine loaded checksum {loaded[:12]}, the published one is {published[:12]}"
+        return None
+
+    # -- generation -----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest], attempt: int = 1) -> Iterator[Sample]:
         if self.state is not InstanceState.READY:
             raise NotReady(f"{self.instance_id} is {self.state}, not ready")
-        yield from self.engine.generate(requests)
+        self._attempt = attempt
+        sink = None
+        if self.store is not None:
+            ids = [r.request_id for r in requests]
+            self._save(lambda s: s.claim(ids, attempt, self.instance_id, time.time()))
+            sink = self._save_partials
+        yield from self.engine.generate(requests, on_partial=sink, partial_every_s=self.flush_s)
+
+    def _save_partials(self, partials: Sequence[Partial]) -> None:
+        chunks = [Chunk(p.request_id, p.start, p.token_ids, p.logprobs) for p in partials]
+        self._save(lambda s: s.append(chunks, self._attempt, time.time()))
+
+    def _save(self, write: Callable[[PartialStore], object]) -> None:
+        """A store that fails mid-run must never stop generation: log once, count, go on."""
+        assert self.store is not None
+        try:
+            write(self.store)
+        except (StoreError, sqlite3.Error, OSError) as err:
+            self.store_failures += 1
+            if self.store_failures == 1:
+                log.error(
+                    "%s: the partial-output store failed (%s); generating unsaved", self.instance_id, err
+                )
 
     def complete(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
         """All samples at once (evaluation, where nothing overlaps)."""
-        return list(self.generate(requests))
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        return list(self.engine.generate(requests))
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(RequestId(request_id))
 
-    def status(self) -> tuple[str, int]:
-        return str(self.state), int(self.engine.version)
+    def status(self) -> tuple[str, int, int]:
+        return str(self.state), int(self.engine.version), self.store_failures
+
+    def drain(self) -> str:
+        if self.state is InstanceState.READY:
+            self._to(InstanceState.DRAINING)
+        return str(self.state)
 
     def release(self) -> str:
         if self.state is InstanceState.READY:
             self._to(InstanceState.DRAINING)
-        self._to(InstanceState.RELEASED)
+        if self.state is not InstanceState.RELEASED:
+            self._to(InstanceState.RELEASED)
         return str(self.state)
+
+
+# one thread streams samples, the other answers status, abort and drain
+RolloutInstance = ray.remote(max_concurrency=2)(Instance)

@@ -3,12 +3,15 @@ torch.distributed (gloo on CPU, nccl on GPU), one GRPO update per iteration, ran
 
 Every rank loads the same checkpoint, takes a shard of the batch, divides its loss by the whole
 batch's token count and all-reduces its gradients, so all ranks apply the same step and hold the same
-fp32 masters. Rank 0 then publishes the new version: BF16 safetensors bytes, their checksum and the
-version number; the bytes travel through Ray's object store (the gRPC weight service replaces that).
+fp32 masters. Rank 0 then publishes the new version: BF16 safetensors bytes, held in memory by the
+weight service it hosts (`rlsched.transfer.service`, on its node's address) for the rollout
+instances to pull over the modelled link; the description (version, SHA-256, size, address) is
+what the controller passes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -22,18 +25,20 @@ import torch.distributed as dist
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlsched.config import GRPOConfig, TrainerConfig
+from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.update import TrainItem, grpo_update
+from rlsched.transfer.service import WeightService
 
 
 @dataclass(frozen=True)
 class PublishedVersion:
     version: int
-    checksum: str
+    checksum: str  # SHA-256 of the BF16 safetensors bytes
     nbytes: int
+    address: str  # the weight service that holds it
 
 
 @ray.remote
@@ -79,14 +84,29 @@ class TrainerRank:
         self.step += 1
         return stats, start, time.monotonic()
 
-    def publish(self, version: int) -> tuple[bytes, PublishedVersion]:
+    def serve_weights(self, cfg: WeightsConfig) -> str:
+        """Start this rank's weight service on its node's address; returns host:port."""
+        egress = cfg.egress_gbps * 1e9 if cfg.egress_gbps else None
+        self.weights = WeightService(
+            egress,
+            host=ray.util.get_node_ip_address(),
+            keep=cfg.keep_versions,
+            chunk_bytes=cfg.chunk_kb << 10,
+        )
+        return self.weights.address
+
+    def publish(self, version: int) -> PublishedVersion:
         blob = to_bf16_bytes(self.policy)
-        return blob, PublishedVersion(version, checksum(blob), len(blob))
+        manifest = self.weights.publish(version, blob)
+        assert manifest.sha256 == checksum(blob)
+        return PublishedVersion(version, manifest.sha256, len(blob), self.weights.address)
 
     def weights_checksum(self) -> str:
         return checksum(to_bf16_bytes(self.policy))
 
     def shutdown(self) -> None:
+        if getattr(self, "weights", None) is not None:
+            self.weights.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -126,7 +146,9 @@ def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
 class TrainingGroup:
     """Handles to the gang of ranks, created together inside one placement group."""
 
-    def __init__(self, cfg: TrainerConfig, grpo: GRPOConfig, checkpoint: str | None, seed: int) -> None:
+    def __init__(
+        self, cfg: TrainerConfig, grpo: GRPOConfig, weights: WeightsConfig, checkpoint: str | None, seed: int
+    ) -> None:
         self.cfg = cfg
         self.pg = reserve_gang(cfg)
         self.ranks = [
@@ -139,6 +161,7 @@ class TrainingGroup:
         ]
         address = ray.get(self.ranks[0].rendezvous_address.remote())
         ray.get([r.join.remote(address) for r in self.ranks])
+        self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
 
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
         tokens = float(sum(len(i.token_ids) for i in items))
@@ -153,12 +176,14 @@ class TrainingGroup:
         )
         return stats, min(r[1] for r in results), max(r[2] for r in results)
 
-    def publish(self, version: int) -> tuple[ray.ObjectRef, PublishedVersion]:
-        """Rank 0's new version: a reference to its bytes in the object store, and its description."""
-        blob_ref, meta_ref = self.ranks[0].publish.options(num_returns=2).remote(version)
-        return blob_ref, ray.get(meta_ref)
+    def publish(self, version: int) -> PublishedVersion:
+        """Rank 0's new version, held by its weight service; its description."""
+        published: PublishedVersion = ray.get(self.ranks[0].publish.remote(version))
+        return published
 
     def shutdown(self) -> None:
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # it is going anyway
+            ray.get(self.ranks[0].shutdown.remote(), timeout=10)
         for r in self.ranks:
             ray.kill(r)
         remove_placement_group(self.pg)

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from rlsched.errors import UserError
-from rlsched.policy import bandwidth, elastic, queueing
+from rlsched.policy import bandwidth, elastic, queueing, resume
 from rlsched.policy import iteration as iteration_model
 from rlsched.policy import verify as verify_policy
 from rlsched.policy.estimate import EstimatorParams, RemainingTime
@@ -197,6 +197,31 @@ def calc_breakeven(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def calc_resume(args: argparse.Namespace) -> dict[str, Any]:
+    lengths = [int(x) for x in parse_list(args.saved, "saved")]
+    finished = {int(x) for x in parse_list(args.finished, "finished")} if args.finished else set()
+    done = {f"member-{i}" for i in finished}
+    saved = {f"member-{i}": n for i, n in enumerate(lengths)}
+    cut = resume.truncate_group(saved, done)
+    reused, regenerated = resume.reuse(saved, cut)
+    out: dict[str, Any] = {
+        "inputs": {"saved": lengths, "finished": sorted(done), "prompt": args.prompt},
+        "continue_from": [cut.get(m, "finished") for m in saved],
+        "reused_tokens": reused,
+        "regenerated_tokens": regenerated,
+    }
+    if args.prefill_tps is not None and args.decode_tps is not None:
+        cost = resume.ResumeCost(args.prefill_tps, args.decode_tps, args.setup_s)
+        choices = {m: resume.resume_or_restart(args.prompt, n, cost) for m, n in cut.items()}
+        out["choice"] = [str(c.choice) for c in choices.values()]
+        out["resume_s"] = [c.resume_s for c in choices.values()]
+        out["restart_s"] = [c.restart_s for c in choices.values()]
+    return out | {
+        "formula": "unfinished members continue from the shortest saved among them; resume if "
+        "setup + (prompt + saved)/prefill < prompt/prefill + saved/decode"
+    }
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -227,6 +252,7 @@ CALCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "transfer": calc_transfer,
     "window": calc_window,
     "breakeven": calc_breakeven,
+    "resume": calc_resume,
 }
 
 
@@ -279,7 +305,14 @@ def add_parsers(sub: Any) -> None:
     be.add_argument(
         "--throughput", default="1.2,1.6", metavar="X,...", help="multiples to price (default 1.2,1.6)"
     )
-    for p in (it, q, b, r, ls, d, t, w, be):
+    rs = sub.add_parser("resume", help="a reclaimed group's resume lengths; resume or restart each")
+    rs.add_argument("--saved", required=True, metavar="N1,N2,...", help="tokens saved per group member")
+    rs.add_argument("--finished", metavar="I,...", help="indices of members that had finished")
+    rs.add_argument("--prompt", type=int, default=0, metavar="T", help="prompt tokens (default 0)")
+    rs.add_argument("--prefill-tps", type=float, metavar="R", help="prefill tokens per second")
+    rs.add_argument("--decode-tps", type=float, metavar="R", help="decode tokens per second")
+    rs.add_argument("--setup-s", type=float, default=0.0, metavar="S", help="fixed cost of resuming")
+    for p in (it, q, b, r, ls, d, t, w, be, rs):
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -1,6 +1,7 @@
 """The `rlsched` command.
 
     rlsched run CONFIG [--address A] [--out D]    run an RL job on Ray (embedded cluster by default)
+    rlsched scale JOB [--add N] [--remove NAME]   add or remove rollout instances of a running job
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -183,6 +184,55 @@ def cmd_template_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Add or remove rollout instances of a running job, or show its fleet."""
+    import ray
+
+    from actors.scale import NAMESPACE, ScaleCommand, inbox_name, running_jobs
+    from rlsched.config import Leave
+
+    if args.add < 0:
+        raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")
+    try:
+        ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as err:
+        raise UserError(
+            f"no Ray cluster to scale at {args.address!r} ({err}); is the job running? "
+            "Pass --address host:port of its head node"
+        ) from None
+    try:
+        try:
+            inbox = ray.get_actor(inbox_name(args.job), namespace=NAMESPACE)
+        except ValueError:
+            jobs = ", ".join(running_jobs()) or "none"
+            raise UserError(f"no running job named {args.job!r} on this cluster (running: {jobs})") from None
+        command = ScaleCommand(
+            add=args.add,
+            receiver_gbps=args.receiver_gbps,
+            remove=tuple(args.remove),
+            leave=Leave.PREEMPTED if args.preempt else Leave.DRAINING,
+        )
+        changes = bool(command.add or command.remove)
+        ref: Any = inbox.submit.remote(command) if changes else inbox.status.remote()
+        fleet = cast(dict[str, Any], ray.get(ref, timeout=30))
+        if changes:
+            console.print(
+                f"sent to {args.job}: add {command.add}, remove {list(command.remove) or 'none'} "
+                f"({command.leave}); the job applies it within a second while it generates"
+            )
+    finally:
+        ray.shutdown()
+    if args.json:
+        print(json.dumps(fleet))
+        return 0
+    console.print(
+        f"{args.job}: iteration {fleet.get('iteration')}, latest version {fleet.get('latest_version')}"
+    )
+    for name, m in sorted(fleet.get("instances", {}).items()):
+        console.print(f"  {name:14s} {m['state']:12s} v{m['version']:<4d} running {m['running']}")
+    return 0
+
+
 def cmd_calc(args: argparse.Namespace) -> int:
     from rlsched.calc import run
 
@@ -294,6 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--ids", action="store_true", help="print token ids instead of text")
     render.add_argument("--no-generation-prompt", action="store_true", help="omit the assistant header")
     render.set_defaults(func=cmd_template_render)
+
+    sc = sub.add_parser("scale", help="add or remove rollout instances of a running job (or show them)")
+    sc.add_argument("job", help="the job's name: its output directory's name (e.g. quickstart)")
+    sc.add_argument("--add", type=int, default=0, metavar="N", help="instances to add")
+    sc.add_argument("--receiver-gbps", type=float, metavar="R", help="the added instances' ingress link")
+    sc.add_argument("--remove", action="append", default=[], metavar="NAME", help="an instance to remove")
+    sc.add_argument("--preempt", action="store_true", help="remove abruptly (default: drain first)")
+    sc.add_argument(
+        "--address", default="auto", help="the job's Ray cluster (default: the one on this machine)"
+    )
+    sc.add_argument("--json", action="store_true", help="print the fleet as one JSON object")
+    sc.set_defaults(func=cmd_scale)
 
     calc = sub.add_parser("calc", help="analytic models: iteration, queue, batch")
     calc_sub = calc.add_subparsers(dest="calc_name", required=True, metavar="NAME")

@@ -20,6 +20,7 @@ from rlsched.errors import UserError
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
+from rlsched.transfer.plane import Plane
 
 
 class _Section(BaseModel):
@@ -47,6 +48,9 @@ class SamplingConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     max_tokens: int = Field(8, ge=1)
+    ignore_eos: bool = Field(
+        False, description="generate max_tokens every time (vLLM's ignore_eos: fixed lengths for benchmarks)"
+    )
 
 
 class TaskKind(StrEnum):
@@ -112,10 +116,67 @@ class TrainerConfig(_Section):
     placement_timeout_s: float = Field(30.0, gt=0, description="wait this long for the gang, then fail")
 
 
+class Leave(StrEnum):
+    PREEMPTED = "preempted"  # abrupt: the actor is killed; its requests resume elsewhere from saved tokens
+    DRAINING = "draining"  # takes nothing new, finishes what it runs, then leaves
+
+
+class TransientInstance(_Section):
+    """A rollout instance available for a window, like spot capacity. Times count from the start of
+    generation in iteration `join_iteration`; it is reclaimed `available_s` after it was granted
+    (preparation included), or `reclaim_at_s` into iteration `reclaim_iteration`'s generation."""
+
+    join_iteration: int = Field(1, ge=1)
+    join_at_s: float = Field(0.0, ge=0)
+    available_s: float | None = Field(None, gt=0, description="the window's length; unset: it stays")
+    reclaim_iteration: int | None = Field(None, ge=1)
+    reclaim_at_s: float = Field(0.0, ge=0)
+    leave: Leave = Leave.PREEMPTED
+    receiver_gbps: float | None = Field(
+        None, gt=0, description="its ingress link; unset: weights.receiver_gbps"
+    )
+
+    @model_validator(mode="after")
+    def _one_end(self) -> TransientInstance:
+        if self.available_s is not None and self.reclaim_iteration is not None:
+            raise ValueError("give available_s or reclaim_iteration, not both")
+        if self.reclaim_iteration is not None and self.reclaim_iteration < self.join_iteration:
+            raise ValueError(
+                f"reclaim_iteration {self.reclaim_iteration} comes before "
+                f"join_iteration {self.join_iteration}"
+            )
+        return self
+
+
 class RolloutConfig(_Section):
     instances: int = Field(2, ge=1)
     cpus_per_instance: float = Field(1.0, gt=0)
     max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")
+    request_batch: int = Field(
+        16, ge=1, description="requests handed to an instance at a time; a joiner takes from what is left"
+    )
+    transient: list[TransientInstance] = Field(default_factory=list)
+    resume_setup_s: float = Field(0.0, ge=0, description="what resuming costs beyond the prefill")
+    prefill_tokens_per_s: float = Field(2000.0, gt=0, description="for the resume-or-restart choice")
+    decode_tokens_per_s: float = Field(200.0, gt=0, description="for the resume-or-restart choice")
+
+
+class WeightsConfig(_Section):
+    """How each version travels from the trainer's rank 0 to the rollout instances (rlsched/transfer)."""
+
+    plane: Plane = Plane.TCP
+    egress_gbps: float | None = Field(None, gt=0, description="the sender's link; unset: unshaped")
+    receiver_gbps: float | None = Field(None, gt=0, description="each instance's ingress; unset: uncapped")
+    chunk_kb: int = Field(4096, ge=4, description="bytes per verified chunk, in KiB")
+    keep_versions: int = Field(2, ge=1, description="versions the service holds for late pullers")
+
+
+class StoreConfig(_Section):
+    """Durable partial outputs (rlsched/store): SQLite in WAL mode."""
+
+    path: Path | None = Field(None, description="the SQLite file; unset: partial.sqlite in the run's out_dir")
+    flush_s: float = Field(0.25, gt=0, description="how often running requests' new tokens are saved")
+    enabled: bool = True
 
 
 class TimeoutConfig(_Section):
@@ -200,6 +261,8 @@ class JobConfig(_Section):
     cluster: ClusterConfig = ClusterConfig()
     trainer: TrainerConfig = TrainerConfig()
     rollout: RolloutConfig = RolloutConfig()
+    weights: WeightsConfig = WeightsConfig()
+    store: StoreConfig = StoreConfig()
     verifier: VerifierConfig = VerifierConfig()
     schedule: ScheduleConfig = ScheduleConfig()
 

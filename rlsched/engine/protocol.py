@@ -9,7 +9,7 @@ saved output: its prompt plus the tokens an earlier, reclaimed instance had gene
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType, Protocol
@@ -78,6 +78,19 @@ class Sample:
         return len(self.token_ids)
 
 
+@dataclass(frozen=True)
+class Partial:
+    """Output a running request produced since its last report (for the durable store)."""
+
+    request_id: RequestId
+    start: int  # index of the first of these tokens within the request's output (resumed ones count)
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+PartialSink = Callable[[Sequence[Partial]], None]
+
+
 class RequestRejected(ValueError):
     """A request the engine cannot run (e.g. a prompt longer than the model's context)."""
 
@@ -93,8 +106,15 @@ class RolloutEngine(Protocol):
         """Load BF16 safetensors bytes as `version`; return the checksum of what was loaded."""
         ...
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
-        """Yield each request's sample as soon as it finishes (short ones before long ones)."""
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        on_partial: PartialSink | None = None,
+        partial_every_s: float = 0.25,
+    ) -> Iterator[Sample]:
+        """Yield each request's sample as soon as it finishes (short ones before long ones). With
+        `on_partial`, every `partial_every_s` the live requests' new tokens are reported (an entry
+        with no tokens is a heartbeat)."""
         ...
 
     def abort(self, request_id: RequestId) -> None:

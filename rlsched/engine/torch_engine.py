@@ -14,6 +14,7 @@ and generation continues after them, counting them against `max_tokens`.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ import torch
 from rlsched.engine.protocol import (
     FinishReason,
     GenerationRequest,
+    Partial,
+    PartialSink,
     RequestId,
     RequestRejected,
     Sample,
@@ -44,6 +47,7 @@ class _Row:
     detok: IncrementalDetokenizer | None = None
     stop_reason: str | int | None = None
     text_end: int | None = None  # where a stop string begins in the text
+    reported: int = 0  # output tokens already handed to the partial sink
 
     @property
     def length(self) -> int:
@@ -127,16 +131,22 @@ class TorchRolloutEngine:
         if bad:
             raise RequestRejected(f"request {req.request_id}: token ids out of range: {bad[:5]}")
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        on_partial: PartialSink | None = None,
+        partial_every_s: float = 0.25,
+    ) -> Iterator[Sample]:
         for req in requests:
             self.check(req)
         for start in range(0, len(requests), self.max_batch):
-            yield from self._wave(list(requests[start : start + self.max_batch]))
+            reporter = _Reporter(on_partial, partial_every_s) if on_partial else None
+            yield from self._wave(list(requests[start : start + self.max_batch]), reporter)
 
     # -- one wave ------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _wave(self, reqs: list[GenerationRequest]) -> Iterator[Sample]:
+    def _wave(self, reqs: list[GenerationRequest], reporter: _Reporter | None) -> Iterator[Sample]:
         rows = [self._new_row(r) for r in reqs]
         samplers = RowSamplers.build([r.params for r in reqs], self._generator)
         prefix = max(r.prefix_len for r in rows)
@@ -173,6 +183,8 @@ class TorchRolloutEngine:
             live = [live[j] for j in keep]
             if not live:
                 break
+            if reporter is not None:
+                reporter.maybe_report([rows[i] for i in live])
             if len(keep) < tokens.shape[0]:
                 idx = torch.tensor(keep)
                 tokens = tokens.index_select(0, idx)
@@ -180,7 +192,9 @@ class TorchRolloutEngine:
             last = self._decode_step(rows, live, tokens, cache)
 
     def _new_row(self, req: GenerationRequest) -> _Row:
-        row = _Row(req=req, prefix_len=len(req.prompt_ids) + len(req.resume_ids))
+        row = _Row(
+            req=req, prefix_len=len(req.prompt_ids) + len(req.resume_ids), reported=len(req.resume_ids)
+        )
         if req.params.stop:
             row.detok = IncrementalDetokenizer(self.tokenizer)
         return row
@@ -290,3 +304,25 @@ class TorchRolloutEngine:
             stop_reason=row.stop_reason,
             resumed_tokens=len(row.req.resume_ids),
         )
+
+
+class _Reporter:
+    """Hands each live row's new tokens to the partial sink every `every_s` seconds."""
+
+    def __init__(self, sink: PartialSink, every_s: float) -> None:
+        self.sink, self.every_s = sink, every_s
+        self.last = time.monotonic()
+
+    def maybe_report(self, rows: list[_Row]) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        out = []
+        for row in rows:
+            start = row.reported
+            out.append(
+                Partial(row.req.request_id, start, tuple(row.tokens[start:]), tuple(row.logprobs[start:]))
+            )
+            row.reported = len(row.tokens)
+        self.sink(out)

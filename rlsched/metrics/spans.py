@@ -24,7 +24,12 @@ class SpanKind(StrEnum):
     VERIFY = "verify"  # one verification attempt, from dispatch to outcome
     UPDATE = "update"
     PUBLISH = "publish"
-    LOAD = "load"  # one instance loading and confirming a version
+    TRANSFER = "transfer"  # one instance pulling a version over the weight link
+    LOAD = "load"  # one instance's engine taking a version
+    CONFIRM = "confirm"  # the loaded version's checksum against the published one
+    JOIN = "join"  # a new instance from ALLOCATED to READY (its transfer, load and confirm inside)
+    PREEMPT = "preempt"  # an instance reclaimed: from the decision to its requests re-queued
+    RESUME = "resume"  # a reclaimed request, re-queued to continue from its saved tokens
     EVAL = "eval"
 
 
@@ -98,7 +103,15 @@ def phase_times(spans: Sequence[Span]) -> PhaseTimes:
     iteration = _window(by_kind[SpanKind.ITERATION]) or _window(spans)
     t_update = _length(_window(by_kind[SpanKind.UPDATE]))
     t_publish = _length(_window(by_kind[SpanKind.PUBLISH]))
-    t_load = _length(_window(by_kind[SpanKind.LOAD]))
+    # between updates every instance takes the new version: transfer, load, confirm; a joiner's
+    # spans (attrs join=True) overlap generation and are not a phase of their own
+    reload = [
+        s
+        for k in (SpanKind.TRANSFER, SpanKind.LOAD, SpanKind.CONFIRM)
+        for s in by_kind[k]
+        if not s.attrs.get("join")
+    ]
+    t_load = _length(_window(reload))
     path = (
         ("generate", _length(gen)),
         ("verify (exposed)", exposed),

@@ -1,9 +1,10 @@
 """Lifecycles as state machines: one Enum and one transition table each, and a checked transition.
 
-A rollout instance: REQUESTED -> ALLOCATED -> (TRANSFERRING ->) LOADING -> CONFIRMING -> READY ->
-DRAINING -> RELEASED, and PREEMPTED from any live state. Only READY instances receive requests. In the
-Ray job of today weights arrive through the object store, so ALLOCATED goes straight to LOADING; the
-elastic-instance issue adds the gRPC pull through TRANSFERRING.
+A rollout instance: REQUESTED -> ALLOCATED -> TRANSFERRING -> LOADING -> CONFIRMING -> READY ->
+DRAINING -> RELEASED, and PREEMPTED from any live state. Only READY instances receive requests. Each
+new version goes READY -> TRANSFERRING again (pulled over the weight link, `actors.rollout`); a
+version that fails confirmation is pulled again, and an instance that cannot confirm one is
+RELEASED without ever serving it.
 
 A verifier worker slot: STARTING -> IDLE <-> BUSY; a busy worker that must stop (timeout,
 preemption, silence) is STOPPING until its exit is observed, then GONE; one that dies on its own goes
@@ -47,6 +48,7 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
         {
             _S.LOADING,  # all bytes arrived and their checksums matched
             _S.TRANSFERRING,  # a newer version was published mid-pull: restart at that version
+            _S.RELEASED,  # the version cannot be had (not held, the link keeps failing)
             _S.PREEMPTED,
         }
     ),
@@ -59,7 +61,8 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
     _S.CONFIRMING: frozenset(
         {
             _S.READY,  # the engine's checksum equals the published one
-            _S.LOADING,  # mismatch: load again
+            _S.TRANSFERRING,  # mismatch: pull again
+            _S.RELEASED,  # still a mismatch after the last pull: never served
             _S.PREEMPTED,
         }
     ),

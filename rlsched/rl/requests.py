@@ -22,7 +22,7 @@ def sampling_params(cfg: SamplingConfig, template: ConvTemplate) -> SamplingPara
         top_p=cfg.top_p,
         top_k=cfg.top_k,
         max_tokens=cfg.max_tokens,
-        stop_token_ids=template.stop_token_ids,
+        stop_token_ids=() if cfg.ignore_eos else template.stop_token_ids,
     )
 
 

@@ -20,21 +20,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 import grpc
 
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer import weights_pb2_grpc as pb_grpc
 from rlsched.transfer.manifest import Accepted, Assembly, ChunkInfo, Manifest, TensorInfo
+from rlsched.transfer.plane import Plane
 from rlsched.transfer.service import GRPC_OPTIONS
 
 RECV_BYTES = 4 << 20
-
-
-class Plane(StrEnum):
-    TCP = "tcp"  # raw TCP into the buffer: the fast path
-    GRPC = "grpc"  # chunks as gRPC messages
 
 
 class VersionNotFound(LookupError):

@@ -245,7 +245,7 @@ class WeightService(pb_grpc.WeightsServicer):
         cut = self.faults.take_cut()
         end = m.nbytes if cut is None else min(m.nbytes, ticket.offset + cut)
         # shaped: booked and sent a quantum at a time; unshaped: one sendall, as a raw socket would
-        step = PACE_QUANTUM if self.shaper.shaped else max(end - ticket.offset, 1)
+        step = PACE_QUANTUM if self.shaper.paced(pace) else max(end - ticket.offset, 1)
         for offset in range(ticket.offset, end, step):
             piece = view[offset : min(offset + step, end)]
             pace.take(len(piece))

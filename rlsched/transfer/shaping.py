@@ -12,7 +12,8 @@ clock. When the lag passes `slow_lag_s` the shaper reports it once (`SlowReceive
 assigned and measured rates) and caps that flow at what it achieved, so the others get the rest of
 the egress; the transfer itself carries on and loses nothing.
 
-Unshaped (`egress_bps=None`), every `take` returns at once: the raw throughput of the data path.
+Without an egress rate (`egress_bps=None`) only the receivers' own caps pace their flows; a flow
+with neither never waits: the raw throughput of the data path.
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ class LinkShaper:
         self._flows: list[Pace] = []
         self.slow: list[SlowReceiver] = []
 
-    @property
-    def shaped(self) -> bool:
-        return self.egress_bps is not None
+    def paced(self, pace: Pace) -> bool:
+        """Whether this flow is paced at all (an egress rate, or its own cap)."""
+        return self.egress_bps is not None or pace.cap_bps < UNCAPPED
 
     def open(self, receiver: str, ingress_bps: float | None) -> Pace:
         cap = ingress_bps if ingress_bps and ingress_bps > 0 else UNCAPPED
@@ -115,7 +116,9 @@ class LinkShaper:
             return {p.receiver: p.rate_bps for p in self._flows}
 
     def _reassign(self) -> None:
-        if self.egress_bps is None:
+        if self.egress_bps is None:  # nothing shared: each flow at its own cap
+            for pace in self._flows:
+                pace.rate_bps = pace.cap_bps
             return
         caps = [min(p.cap_bps, self.egress_bps) for p in self._flows]
         for pace, rate in zip(self._flows, max_min_rates(caps, self.egress_bps), strict=True):
@@ -123,7 +126,7 @@ class LinkShaper:
 
     def schedule(self, pace: Pace, nbytes: int) -> float:
         """Book `nbytes` on the flow's clock; the seconds to wait before sending them."""
-        if self.egress_bps is None:
+        if pace.rate_bps == UNCAPPED:
             pace.sent += nbytes
             return 0.0
         with self._lock:

@@ -72,9 +72,14 @@ def test_a_receiver_that_falls_behind_is_reported_once_and_capped_at_what_it_tak
 
 def test_unshaped_never_waits_and_bad_settings_are_refused() -> None:
     clock = FakeClock()
-    p = shaper(None, clock).open("a", 1e9)
+    s = shaper(None, clock)
+    p = s.open("a", None)
     p.take(10**12)
     assert clock.now == 0.0
+    capped = s.open("b", 8e9)  # no egress rate, but its own link still paces it
+    for _ in range(3):
+        capped.take(10**9)
+    assert clock.now == pytest.approx(2.0) and not s.paced(p) and s.paced(capped)
     with pytest.raises(ValueError, match="egress rate must be positive"):
         LinkShaper(0.0)
     with pytest.raises(ValueError, match=r"below 0\.05 s"):

@@ -1,0 +1,123 @@
+"""A rollout instance's join protocol without Ray: real weight service, real engine, real store.
+
+An instance becomes READY only after the bytes it pulled match the published SHA-256, the engine's
+checksum of what it loaded matches too, and the version is the one asked for; otherwise it never
+serves. While generating, it saves each request's new tokens to the durable store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from actors.rollout import Instance, JoinFailed, NotReady
+from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
+from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
+from rlsched.policy.lifecycle import InstanceState
+from rlsched.store.partial import PartialStore
+from rlsched.transfer import weights_pb2 as pb
+from rlsched.transfer.service import WeightService
+
+
+@pytest.fixture(scope="module")
+def blobs() -> dict[int, bytes]:
+    model = load_checkpoint(None).model
+    first = to_bf16_bytes(model)
+    for p in model.parameters():  # a second, different version
+        p.data.mul_(1.01)
+    return {1: first, 2: to_bf16_bytes(model)}
+
+
+@pytest.fixture
+def service(blobs: dict[int, bytes]) -> Iterator[WeightService]:
+    svc = WeightService(chunk_bytes=64 << 10)
+    for v, blob in blobs.items():
+        svc.publish(v, blob)
+    yield svc
+    svc.close()
+
+
+def instance(tmp_path: Path | None = None) -> Instance:
+    store = str(tmp_path / "partial.sqlite") if tmp_path else None
+    return Instance("rollout-t", None, max_batch=8, use_cache=True, seed=0, store_path=store, flush_s=0.0)
+
+
+def test_join_pulls_loads_and_confirms_before_ready(service: WeightService, blobs: dict[int, bytes]) -> None:
+    inst = instance()
+    assert inst.state is InstanceState.ALLOCATED
+    report = inst.join(service.address, 1)
+    assert inst.state is InstanceState.READY and int(inst.engine.version) == 1
+    assert report.nbytes == len(blobs[1]) and report.attempts == 1 and report.streams == 1
+    assert report.transfer[0] <= report.transfer[1] <= report.load[1] <= report.confirm[1]
+    assert "transfer" in report.line() and "load" in report.line() and "confirm" in report.line()
+    again = inst.join(service.address, 2)  # READY -> TRANSFERRING for the next version
+    assert again.version == 2 and inst.state is InstanceState.READY
+
+
+class WrongVersion(WeightService):
+    """Answers a manifest request for version 1 with version 2's manifest."""
+
+    def GetManifest(self, request: pb.ManifestRequest, context: grpc.ServicerContext) -> pb.Manifest:
+        return super().GetManifest(
+            pb.ManifestRequest(version=2 if request.version == 1 else request.version), context
+        )
+
+
+class WrongChecksum(WeightService):
+    """Publishes a whole-file SHA-256 that is not the bytes' own."""
+
+    def GetManifest(self, request: pb.ManifestRequest, context: grpc.ServicerContext) -> pb.Manifest:
+        m = pb.Manifest()
+        m.CopyFrom(super().GetManifest(request, context))
+        m.sha256 = checksum(b"something else")
+        return m
+
+
+@pytest.mark.parametrize(
+    ("service_class", "problem"),
+    [
+        (WrongVersion, "sent version 2 when 1 was asked for"),
+        (WrongChecksum, "do not match the published SHA-256"),
+    ],
+)
+def test_a_version_or_checksum_mismatch_never_becomes_ready(
+    blobs: dict[int, bytes], service_class: type[WeightService], problem: str
+) -> None:
+    svc = service_class(chunk_bytes=64 << 10)
+    try:
+        for v, blob in blobs.items():
+            svc.publish(v, blob)
+        inst = instance()
+        with pytest.raises(JoinFailed, match=problem):
+            inst.join(svc.address, 1, attempts=2)
+        assert inst.state is InstanceState.RELEASED
+        with pytest.raises(NotReady):
+            list(inst.generate([GenerationRequest(RequestId("x"), (1, 2, 3))]))
+    finally:
+        svc.close()
+
+
+def test_a_version_that_is_not_published_is_a_clear_join_failure(service: WeightService) -> None:
+    inst = instance()
+    with pytest.raises(JoinFailed, match=r"cannot take version 7.*not held.*it holds: 1, 2"):
+        inst.join(service.address, 7)
+    assert inst.state is InstanceState.RELEASED
+
+
+def test_generation_saves_new_tokens_to_the_store_under_its_attempt(
+    service: WeightService, tmp_path: Path
+) -> None:
+    inst = instance(tmp_path)
+    inst.join(service.address, 1)
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=1)
+    reqs = [GenerationRequest(RequestId(f"1-0-{k}"), (5, 6, 7, 8), params) for k in range(2)]
+    seen: dict[str, int] = {}
+    store = PartialStore(tmp_path / "partial.sqlite")
+    for sample in inst.generate(reqs, attempt=3):
+        saved = store.saved(sample.request_id)
+        seen[sample.request_id] = len(saved)
+        assert saved.tokens == sample.token_ids[: len(saved)]  # a prefix of what it produced
+    assert all(n > 0 for n in seen.values()) and inst.store_failures == 0
