@@ -186,6 +186,8 @@ def cmd_template_render(args: argparse.Namespace) -> int:
 
 def cmd_scale(args: argparse.Namespace) -> int:
     """Add or remove rollout instances of a running job, or show its fleet."""
+    import logging
+
     import ray
 
     from actors.scale import NAMESPACE, ScaleCommand, inbox_name, running_jobs
@@ -194,7 +196,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.add < 0:
         raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")
     try:
-        ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(
+            address=args.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING
+        )
     except (ConnectionError, RuntimeError) as err:
         raise UserError(
             f"no Ray cluster to scale at {args.address!r} ({err}); is the job running? "

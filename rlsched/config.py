@@ -464,10 +464,39 @@ class SimPoolConfig(_Section):
     )
 
 
+class SimWeightsConfig(_Section):
+    """A job's weight link (SPEC section 2): every instance pulls each version's `bytes` through the
+    trainer's shared egress under its own ingress cap, then loads it for `load_s`."""
+
+    bytes: float = Field(gt=0)
+    egress_gbps: float = Field(gt=0)
+    receiver_gbps: float = Field(gt=0)
+    load_s: float = Field(0.0, ge=0, description="load and confirm, after the transfer")
+
+
+class SimTransientConfig(_Section):
+    """`count` instances granted at `join_at_s` (virtual seconds) and reclaimed `available_s` later."""
+
+    join_at_s: float = Field(ge=0)
+    available_s: float = Field(gt=0, description="the window, preparation included")
+    count: int = Field(1, ge=1)
+    receiver_gbps: float | None = Field(None, gt=0, description="their ingress; unset: the job's")
+
+
+class SimResumeConfig(_Section):
+    """Pricing a reclaimed sample's resume (prefill of prompt + saved tokens) against a restart."""
+
+    prompt_tokens: float = Field(0.0, ge=0)
+    prefill_tokens_per_s: float = Field(5000.0, gt=0)
+    setup_s: float = Field(0.0, ge=0)
+
+
 class SimJobConfig(_Section):
     """One RL job: generate on instances, verify (CPU stage, then an optional GPU stage), update, publish.
 
-    Generation time per sample is `generate_s`, or `tokens / tokens_per_s` when both are given.
+    Generation time per sample is `generate_s`, or `tokens / tokens_per_s` when both are given. With
+    `weights`, instances pull every version over the modelled link and `transient` instances come
+    and go (`rlsched.sim.fleet`).
     """
 
     name: str = Field("job", min_length=1)
@@ -498,6 +527,20 @@ class SimJobConfig(_Section):
     verify_slots: int = Field(
         1, ge=1, description="CPU workers each verification needs at once (a gang verifier: all or none)"
     )
+    weights: SimWeightsConfig | None = None
+    transient: tuple[SimTransientConfig, ...] = ()
+    resume: SimResumeConfig = SimResumeConfig()
+
+    @model_validator(mode="after")
+    def _elastic_needs(self) -> SimJobConfig:
+        if self.transient and self.weights is None:
+            raise ValueError("transient instances need weights (bytes, egress_gbps, receiver_gbps) to join")
+        if self.weights is not None and self.tokens is None:
+            raise ValueError(
+                "weights (elastic generation) needs the token model (tokens and tokens_per_s), "
+                "so that a reclaimed sample's saved tokens can be priced"
+            )
+        return self
 
     @model_validator(mode="after")
     def _groups_divide(self) -> SimJobConfig:
@@ -523,7 +566,8 @@ class SimJobConfig(_Section):
 
     @property
     def gpus(self) -> int:
-        return self.trainer_gpus + self.instances * self.gpus_per_instance
+        transient = sum(t.count for t in self.transient)  # at their peak they all hold one
+        return self.trainer_gpus + (self.instances + transient) * self.gpus_per_instance
 
 
 class ScenarioConfig(_Section):

@@ -21,7 +21,8 @@ from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.rljob import SimRun, simulate
 
-PHASES = ("t_iter", "t_generate", "t_verify", "t_verify_exposed", "t_update", "t_publish")
+PHASES = ("t_iter", "t_generate", "t_verify", "t_verify_exposed", "t_update", "t_publish", "t_load")
+LIFE = ("lifetime_s", "preparing_s", "generating_s", "not_generating")
 
 
 def per_iteration(run: SimRun, job: str) -> list[dict[str, float]]:
@@ -45,6 +46,10 @@ def figures(run: SimRun, scenario: ScenarioConfig) -> dict[str, dict[str, float]
     workers = {"cpu": scenario.pool.cpu_workers, "gpu": scenario.pool.gpu_workers}
     for stage, busy in run.busy_s.items():
         out[f"pool/{stage}"] = {"utilisation": busy / (workers[stage] * makespan) if makespan > 0 else 0.0}
+    for name, life in run.instances.items():  # elastic jobs: each instance's life
+        out[f"instance/{name}"] = dict(life)
+    if run.instances:
+        out["reclaimed"] = {"resumed": float(run.resumed), "restarted": float(run.restarted)}
     return out
 
 
@@ -124,12 +129,35 @@ def render(summary: dict[str, Any]) -> str:
             for s in ("cpu", "gpu")
         ]
         for job, figs in results.items():
-            if job.startswith("pool/") or job == "events":
+            if job.startswith(("pool/", "instance/")) or job in ("events", "reclaimed"):
                 continue
             rows.append([policy, job, *(_cell(figs[f]) for f in PHASES), *util])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines = _table(rows)
     lines.append(
         f"seconds per iteration (mean over iterations); mean ± 95% interval over {summary['seeds']} seeds"
     )
+    lives = [["policy", "instance", "lifetime s", "preparing s", "generating s", "not generating"]]
+    for policy, results in summary["results"].items():
+        for row, figs in results.items():
+            if row.startswith("instance/"):
+                cells = [_cell(figs[f]) for f in LIFE[:3]] + [_cell(figs["not_generating"], True)]
+                lives.append([policy, row.removeprefix("instance/"), *cells])
+        if "reclaimed" in results:
+            r = results["reclaimed"]
+            lines.append(
+                f"{policy}: reclaimed samples resumed {r['resumed']['mean']:.1f}, "
+                f"restarted {r['restarted']['mean']:.1f} (mean over seeds)"
+            )
+    if len(lives) > 1:
+        lines += [
+            "",
+            *_table(lives),
+            "each instance's life: granted to reclaimed (or the end); not generating = "
+            "preparing (weights over the link, load) or idle",
+        ]
     return "\n".join(lines)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

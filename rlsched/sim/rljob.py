@@ -56,6 +56,7 @@ from rlsched.policy.verify import (
 )
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
+from rlsched.sim.fleet import SimFleet
 
 Done = Callable[[TaskId, float, WorkerId], None]  # (task, start, worker), called at the end
 
@@ -67,6 +68,9 @@ class SimRun:
     events: int = 0
     busy_s: dict[str, float] = field(default_factory=dict)  # verification seconds per pool stage
     worker_s: dict[str, float] = field(default_factory=dict)  # provisioned worker-seconds per stage
+    instances: dict[str, dict[str, float]] = field(default_factory=dict)  # elastic jobs: each one's life
+    resumed: int = 0  # reclaimed samples that resumed from saved tokens
+    restarted: int = 0  # and those that started over
 
     def of_job(self, job: str) -> list[Span]:
         return [s for s in self.spans if s.attrs.get("job") == job]
@@ -280,6 +284,9 @@ class _Job:
         self.t_start = 0.0
         self.last_generation_s: float | None = None  # how long the previous iteration generated
         self.active = True
+        self.fleet = (
+            SimFleet(cfg, sim, self.on_sample, self._pulled, sim.record) if cfg.weights is not None else None
+        )
 
     def batch_state(self) -> BatchState:
         end = None if self.last_generation_s is None else self.t_start + self.last_generation_s
@@ -355,20 +362,32 @@ class _Job:
         self.generating = self.unjudged = c.samples
         durations = self._generation_times(c.samples)
         self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))
+        if self.fleet is not None:  # one queue, READY instances take from it (rlsched.sim.fleet)
+            rates = self.tokens / np.maximum(durations, 1e-12)
+            self.fleet.start_iteration(self.tokens.tolist(), rates.tolist())
+            return
         for inst in range(c.instances):  # sample n on instance n mod instances, `slots` at once
             members = range(inst, c.samples, c.instances)
             lanes = fcfs([0.0] * len(members), [float(durations[n]) for n in members], c.slots)
+            lane = f"{self.name}/rollout-{inst}"
             for n, end in zip(members, lanes.ends, strict=True):
-                self.sim.at(self.sim.now + end, partial(self.on_sample, n, inst))
+                self.sim.at(self.sim.now + end, partial(self.on_sample, n, lane))
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
         batch = BatchId(f"{self.name}/iter-{self.iteration}")
         key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
         return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
-    def on_sample(self, n: int, inst: int) -> None:
+    def _pulled(self, instance: str, start: float, join: bool) -> None:
+        """An instance has a version: a join (not a phase) or the reload after an update."""
+        attrs = {"lane": instance, "job": self.name, "join": join}
+        self.run.spans.append(
+            Span(SpanKind.TRANSFER, f"{instance}/v", start, self.sim.now, self.iteration, attrs)
+        )
+
+    def on_sample(self, n: int, lane: str) -> None:
         task = TaskId(f"{self.name}/{self.iteration}-{n}")
-        self._span(SpanKind.GENERATE, task, self.t_start, f"{self.name}/rollout-{inst}")
+        self._span(SpanKind.GENERATE, task, self.t_start, lane)
         pending = self._pending(task, n, self.cfg.verify_slots)
         self.generating -= 1
         if self.generating == 0:
@@ -416,12 +435,21 @@ class _Job:
     def on_published(self, took: float) -> None:
         it = self.iteration
         self._span(SpanKind.PUBLISH, f"{self.name}/v{it}", self.sim.now - took, f"{self.name}/trainer")
+        if self.fleet is not None:  # every instance pulls the new version over the link first
+            self.fleet.reload(self._iteration_done)
+        else:
+            self._iteration_done()
+
+    def _iteration_done(self) -> None:
+        it = self.iteration
         self._span(SpanKind.ITERATION, f"{self.name}/iter-{it}", self.t_start, f"{self.name}/controller")
         self.sim.record(f"{self.name} iteration {it} done")
         if it < self.cfg.iterations:
             self.start_iteration()
         else:
             self.active = False
+            if self.fleet is not None:
+                self.fleet.closed = True
 
 
 def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
@@ -433,9 +461,11 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
     stages = {"cpu": _Stage("cpu", pool.cpu_workers, sim, policy, pool)}
     if pool.gpu_workers:
         stages["gpu"] = _Stage("gpu", pool.gpu_workers, sim, policy, pool)
+    jobs = []
     for cfg in scenario.jobs:
         gpu = stages["gpu"] if cfg.verify_gpu_s is not None else None
         job = _Job(cfg, sim, run, stages["cpu"], gpu)
+        jobs.append(job)
         for stage in (stages["cpu"], gpu):
             if stage is not None:
                 stage.jobs.append(job)
@@ -446,6 +476,11 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
     run.events = sim.run()
     run.decisions = sim.decisions
     end = max((s.end for s in run.spans), default=0.0)
+    for job in jobs:
+        if job.fleet is not None:
+            run.instances.update(job.fleet.lives(end))
+            run.resumed += job.fleet.resumed
+            run.restarted += job.fleet.restarted
     for name, stage in stages.items():
         stage.close(end)
         run.busy_s[name] = stage.busy_s
