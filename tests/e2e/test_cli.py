@@ -29,7 +29,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
 def test_help_lists_every_command() -> None:
     proc = rlsched("--help")
     assert proc.returncode == 0
-    for command in ("run", "generate", "template", "model", "calc", "simulate"):
+    for command in ("run", "scale", "generate", "template", "model", "calc", "simulate"):
         assert command in proc.stdout
 
 
@@ -155,6 +155,28 @@ def test_bad_task_file_line_is_named(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text('{"prompt": "1+1", "reference": "2"}\n{"prompt": "2+2"}\n')
     assert_user_error(rlsched("run", "configs/jobs/custom_task.yaml", "--set", f"task.path={f}"), "line 2")
+
+
+def test_a_partial_output_store_that_cannot_be_written_stops_the_run_before_any_work(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = rlsched(
+        "run", "configs/jobs/quickstart.yaml", "--out", str(tmp_path / "out"),
+        "--set", f"store.path={blocker}/partial.sqlite",
+    )  # fmt: skip
+    assert_user_error(proc, "cannot open the partial-output store", "a-file/partial.sqlite", "store.path")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_transient_instances_are_validated_by_path() -> None:
+    proc = rlsched(
+        "run", "configs/jobs/elastic.yaml",
+        "--set", "rollout.transient.0.available_s=5",
+        "--set", "rollout.transient.1.receiver_gbps=-1",
+    )  # fmt: skip
+    assert_user_error(
+        proc, "rollout.transient.0", "available_s or reclaim_iteration", "rollout.transient.1.receiver_gbps"
+    )
 
 
 def test_unimportable_verifier() -> None:

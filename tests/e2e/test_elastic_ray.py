@@ -10,7 +10,9 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,15 +21,51 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
 
+def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+
+
+def committed(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(1.0)
+
+
 @pytest.fixture(scope="module")
 def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The job runs as a user runs it; while it runs, `rlsched scale` adds an instance during
+    iteration 3 and, once it serves, removes it again (it drains)."""
     out = tmp_path_factory.mktemp("runs") / "elastic"
-    proc = subprocess.run(
+    job = subprocess.Popen(
         [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/elastic.yaml", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, out
+    try:
+        wait_for(lambda: committed(out) >= 2, "iteration 2 to commit")
+        added = rlsched("scale", "elastic", "--add", "1")
+        assert added.returncode == 0, added.stderr
+
+        def scaled_serves() -> bool:
+            shown = rlsched("scale", "elastic", "--json")
+            state = json.loads(shown.stdout or "{}").get("instances", {}).get("scaled-1", {}).get("state")
+            return state == "ready"
+
+        wait_for(scaled_serves, "scaled-1 to be READY", timeout_s=120)
+        removed = rlsched("scale", "elastic", "--remove", "scaled-1")
+        assert removed.returncode == 0, removed.stderr
+        stdout, stderr = job.communicate(timeout=600)
+    finally:
+        job.kill()
+    assert job.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr), out
 
 
 def spans(out: Path) -> list[dict]:
@@ -93,3 +131,20 @@ def test_the_reclaimed_instances_requests_resume_from_their_saved_tokens(elastic
     groups = Counter(r["name"].removeprefix("resume ").rsplit("-", 1)[0] for r in resumed)
     for g in groups:  # a group's interrupted members continue from one common length
         assert len({r["args"]["resumed_from"] for r in resumed if r["name"].startswith(f"resume {g}-")}) == 1
+
+
+def test_rlsched_scale_adds_an_instance_that_joins_serves_and_drains(elastic_run) -> None:
+    proc, out = elastic_run
+    assert "scale: scaled-1 allocated" in proc.stdout
+    assert re.search(r"scaled-1 joined at v\d+: transfer", proc.stdout)
+    assert "scaled-1 draining (rlsched scale)" in proc.stdout
+    served = [e for e in spans(out) if e["cat"] == "generate" and e["args"]["lane"] == "scaled-1"]
+    assert served  # it took work between joining and draining
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["extra"]["fleet"]["drained"] == 1 and "scaled-1" not in rows[-1]["extra"]["serving"]
+
+
+def test_scaling_a_job_that_is_not_running_is_a_clear_error(elastic_run) -> None:
+    proc = rlsched("scale", "no-such-job")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no Ray cluster" in proc.stderr or "no running job named 'no-such-job'" in proc.stderr
