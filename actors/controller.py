@@ -151,6 +151,7 @@ class JobController:
         fleet.begin(iteration, requests)
         samples: dict[RequestId, Sample] = {}
         pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
+        warned = False
         while fleet.generating or not all(p.idle for p in pools):
             self._poll_inbox()
             fleet.tick()
@@ -164,6 +165,7 @@ class JobController:
                     pool.dispatch((batch,))
             wait_s = min(0.5, fleet.next_event_in() or 0.5)
             others = fleet.waitables()
+            warned = self._stranded(iteration, warned)
             if not others and all(p.idle for p in pools):
                 time.sleep(min(wait_s, 0.05))  # only a transient window to wait for
                 continue
@@ -175,6 +177,21 @@ class JobController:
             )
         outcomes = {RequestId(t): o for p in pools for t, o in p.take_outcomes().items()}
         return samples, outcomes
+
+    def _stranded(self, iteration: int, warned: bool) -> bool:
+        """Requests wait and no instance serves or joins: fail, or (with `rlsched scale` at hand) say
+        so once and wait for instances to be added. Returns whether it has said so."""
+        if not self.fleet.stranded():
+            return warned
+        stranded = (
+            f"iteration {iteration}: {len(self.fleet.pending)} request(s) wait but no rollout instance "
+            "serves or is joining (the log says why they left)"
+        )
+        if self.inbox is None:
+            raise RuntimeError(stranded)
+        if not warned:
+            self.log(stranded + "; waiting for `rlsched scale JOB --add N`")
+        return True
 
     def _poll_inbox(self, every_s: float = 1.0) -> None:
         if self.inbox is None or self.clock() - self._polled < every_s:

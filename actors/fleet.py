@@ -242,6 +242,11 @@ class Fleet:
     def generating(self) -> bool:
         return bool(self.pending) or any(m.running for m in self.members.values())
 
+    def stranded(self) -> bool:
+        """Requests wait, yet nothing serves, joins or is due to join: only a user can help now."""
+        joining = any(m.join_ref is not None for m in self.members.values())
+        return bool(self.pending) and not self.serving() and not joining and self.next_event_in() is None
+
     def waitables(self) -> list[Any]:
         refs = []
         for m in self.members.values():
