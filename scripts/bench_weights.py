@@ -1,7 +1,7 @@
 """Weights over the weight service on loopback: shaped transfers against the link model, and the
 unshaped data path against a raw TCP socket.
 
-    .venv/bin/python scripts/bench_weights.py [--mb 256] [--repeats 5] [--receivers 1,2,4,8] [--seed 0]
+    .venv/bin/python scripts/bench_weights.py [--mb 256] [--repeats 7] [--receivers 1,2,4,8] [--seed 0]
         [--json OUT]
 
 Workload: a BF16 safetensors tensor set of `--mb` MiB (8 MiB tensors, values from `--seed`),
@@ -16,10 +16,11 @@ Shaped: N = 1, 2, 4, 8 receivers started together, in two cases.
   Efficiency = the model's all-receivers bound `max(max_i S/r_i, N S/E)` / the measured time from
   the first stream to the last verified byte; each receiver's finish is compared with the max-min
   model (`rlsched.policy.bandwidth.finish_times`, fed the measured stream start times).
-Unshaped: one receiver, `--repeats` rounds of (raw socket, TCP data plane, gRPC messages) in turn;
-medians of throughput and of CPU-seconds per GB in the sender's and the receiver's process. The raw
-socket peer sends the same bytes with one `sendall` and receives with `recv_into` into a
-preallocated buffer, checking nothing.
+Unshaped: `--repeats` rounds, each in one receiver process that pulls once per peer (raw socket,
+TCP data plane, gRPC messages; each peer first in turn) into the same buffer; medians of
+throughput and of CPU-seconds per GB in the sender's and the receiver's process. The raw
+socket peer sends the same bytes with one `sendall` and receives with `recv_into` (4 MiB per call,
+MSG_WAITALL, as the data plane does) into a preallocated buffer, checking nothing.
 Writes bench_results/bench_weights.json.
 """
 
@@ -103,17 +104,6 @@ def receiver_main(address: str, name: str, ingress: float, plane: str, ready: An
     out.put((name, s.data_started, s.data_finished, s.confirmed, s.streams, s.data_cpu_s))
 
 
-def raw_receiver_main(port: int, nbytes: int, ready: Any, go: Any, out: Any) -> None:
-    buf = memoryview(bytearray(nbytes))
-    ready.put("raw")
-    go.wait()
-    cpu, start, at = time.process_time(), time.monotonic(), 0
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        while at < nbytes:
-            at += s.recv_into(buf[at:], min(4 << 20, nbytes - at))
-    out.put(("raw", start, time.monotonic(), True, 1, time.process_time() - cpu))
-
-
 def run_receivers(ctx: Any, targets: list[tuple[Any, tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=t, args=(*a, ready, go, out)) for t, a in targets]
@@ -170,30 +160,54 @@ def run_shaped(ctx: Any, ctl: Connection, address: str, nbytes: int, case: str, 
 
 
 # -- unshaped -------------------------------------------------------------------------------------
-def run_unshaped(
-    ctx: Any, ctl: Connection, address: str, raw_port: int, nbytes: int, peer: str
-) -> dict[str, float]:
-    ctl.send(("cpu", None))
-    cpu0 = ctl.recv()
-    if peer == "raw":
-        (got,) = run_receivers(ctx, [(raw_receiver_main, (raw_port, nbytes))])
-    else:
-        (got,) = run_receivers(ctx, [(receiver_main, (address, "r0", 0.0, peer))])
-    ctl.send(("cpu", None))
-    sender_cpu = ctl.recv() - cpu0
-    seconds = got[2] - got[1]
+def unshaped_round_main(
+    ctl: Connection, address: str, raw_port: int, nbytes: int, order: list[str], out: Any
+) -> None:
+    """One round in one receiver process: each peer once, in `order`, into the same buffer, with
+    the sender's CPU read around each transfer (the peers share the process, its gRPC channel
+    included, so none is favoured by a warmer or lighter process)."""
+    buffer = bytearray(nbytes)
+    view = memoryview(buffer)
     gb = nbytes / 1e9
-    return {
-        "gbps": 8 * gb / seconds,
-        "sender_cpu_s_per_gb": sender_cpu / gb,
-        "receiver_cpu_s_per_gb": got[5] / gb,
-    }
+    results = {}
+    with WeightClient(address) as client:
+        client.manifest(1)
+        for peer in order:
+            ctl.send(("cpu", None))
+            sender0 = ctl.recv()
+            if peer == "raw":
+                cpu, start, at = time.process_time(), time.monotonic(), 0
+                with socket.create_connection(("127.0.0.1", raw_port)) as s:
+                    while at < nbytes:
+                        at += s.recv_into(view[at:], min(4 << 20, nbytes - at), socket.MSG_WAITALL)
+                seconds, receiver_cpu = time.monotonic() - start, time.process_time() - cpu
+            else:
+                stats = client.pull(1, receiver="r0", plane=Plane(peer), buffer=buffer).stats
+                seconds, receiver_cpu = stats.seconds, stats.data_cpu_s
+            ctl.send(("cpu", None))
+            results[peer] = {
+                "gbps": 8 * gb / seconds,
+                "sender_cpu_s_per_gb": (ctl.recv() - sender0) / gb,
+                "receiver_cpu_s_per_gb": receiver_cpu / gb,
+            }
+    out.put(results)
+
+
+def run_unshaped_round(
+    ctx: Any, ctl: Connection, address: str, raw_port: int, nbytes: int, order: list[str]
+) -> dict[str, dict[str, float]]:
+    out = ctx.Queue()
+    proc = ctx.Process(target=unshaped_round_main, args=(ctl, address, raw_port, nbytes, order, out))
+    proc.start()
+    results: dict[str, dict[str, float]] = out.get(timeout=600)
+    proc.join()
+    return results
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=256, help="MiB of BF16 weights (at least 256 for the goal)")
-    ap.add_argument("--repeats", type=int, default=5, help="rounds of the unshaped comparison")
+    ap.add_argument("--repeats", type=int, default=7, help="rounds of the unshaped comparison")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--receivers", default="1,2,4,8", help="the shaped runs' receiver counts")
     ap.add_argument("--json", type=Path, default=Path("bench_results/bench_weights.json"))
@@ -211,8 +225,10 @@ def main() -> None:
     peers = ("raw", "tcp", "grpc")
     rounds: dict[str, list[dict[str, float]]] = {p: [] for p in peers}
     for r in range(args.repeats):
+        order = list(peers[r % 3 :] + peers[: r % 3])  # each peer goes first in turn
+        got = run_unshaped_round(ctx, ctl, address, raw_port, nbytes, order)
         for peer in peers:
-            rounds[peer].append(run_unshaped(ctx, ctl, address, raw_port, nbytes, peer))
+            rounds[peer].append(got[peer])
         console.print(
             f"unshaped round {r + 1}/{args.repeats}: "
             + ", ".join(f"{p} {rounds[p][-1]['gbps']:.2f} Gbit/s" for p in peers)
