@@ -36,7 +36,7 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy rlsched verifiers actors
-	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/engine/protocol.py verifiers
+	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/admin.py rlsched/engine/protocol.py verifiers
 
 bench: setup
 	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

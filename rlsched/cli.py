@@ -2,6 +2,7 @@
 
     rlsched run CONFIG [--address A] [--out D]    run an RL job on Ray (embedded cluster by default)
     rlsched scale JOB [--add N] [--remove NAME]   add or remove rollout instances of a running job
+    rlsched admin check FILE                       validate a cluster admin's file, in plain words
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
@@ -237,6 +238,19 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_admin_check(args: argparse.Namespace) -> int:
+    from rlsched.admin import describe, load_admin
+
+    cfg = load_admin(args.file)
+    if args.json:
+        print(json.dumps({"valid": True, "config": cfg.model_dump(mode="json"), "meaning": describe(cfg)}))
+        return 0
+    console.print(f"{args.file}: valid.")
+    for line in describe(cfg):
+        console.print(line)
+    return 0
+
+
 def cmd_calc(args: argparse.Namespace) -> int:
     from rlsched.calc import run
 
@@ -360,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sc.add_argument("--json", action="store_true", help="print the fleet as one JSON object")
     sc.set_defaults(func=cmd_scale)
+
+    adm = sub.add_parser("admin", help="the cluster admin's file: priority classes, queues, quotas")
+    adm_sub = adm.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
+    check = adm_sub.add_parser("check", help="validate an admin file and say what it means in plain words")
+    check.add_argument("file", type=Path, help="e.g. configs/admin/example.yaml")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.set_defaults(func=cmd_admin_check)
 
     calc = sub.add_parser("calc", help="analytic models: iteration, queue, batch")
     calc_sub = calc.add_subparsers(dest="calc_name", required=True, metavar="NAME")

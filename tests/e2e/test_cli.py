@@ -262,3 +262,61 @@ def test_simulate_unknown_policy_flag() -> None:
     proc = rlsched("simulate", "configs/scenarios/quickstart.yaml", "--policy", "fastest")
     assert proc.returncode == 2 and "--policy" in proc.stderr and "fastest" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_admin_check_says_what_the_file_means() -> None:
+    proc = rlsched("admin", "check", "configs/admin/example.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "valid" in proc.stdout and "online (1000): never preempted; admitted within 2 s." in proc.stdout
+    assert "Reserve: 1 H100, 8 CPU kept for online" in proc.stdout
+
+
+ADMIN_BASE = """
+nodes: [{name: n, count: 2, resources: {H100: 8, CPU: 64}}]
+priority_classes:
+  online: {value: 1000, preemptible: false, max_wait_s: 2}
+  batch: {value: 10, grace_s: 30}
+cohorts: {research: {}}
+queues:
+  a: {cohort: research, nominal: {H100: 4}}
+reserve: {classes: [online], resources: {H100: 1}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        (
+            "queues:\n  a: {nominal: {H100: 32}}\n",
+            ["queues.a.nominal.H100 is 32 but the cluster has 16 H100"],
+        ),
+        (
+            "queues:\n  a: {nominal: {H100: 10}}\n  b: {nominal: {H100: 10}}\n",
+            ["the nominal quotas promise 20 H100 (plus 1 reserved) but the cluster has 16"],
+        ),
+        (
+            "cohorts: {research: {parent: x}, x: {parent: research}}\n",
+            ["cohorts form a cycle: research -> x -> research"],
+        ),
+        (
+            "queues:\n  a: {nominal: {H100: 4}, default_priority: urgent}\n",
+            ["queues.a.default_priority 'urgent' is not a defined priority class (batch, online)"],
+        ),
+        (
+            "reserve: null\n",
+            [
+                "priority_classes.online may wait at most 2 s",
+                "needs up to 30 s to save (class batch)",
+                "reserve.classes",
+            ],
+        ),
+    ],
+)
+def test_admin_check_bad_files(tmp_path: Path, change: str, needles: list[str]) -> None:
+    import yaml
+
+    tree = yaml.safe_load(ADMIN_BASE)
+    tree.update(yaml.safe_load(change))
+    path = tmp_path / "admin.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    assert_user_error(rlsched("admin", "check", str(path)), *needles)

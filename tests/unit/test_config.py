@@ -17,11 +17,12 @@ TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
 TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
 SCENARIO_FILES = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
 SCENARIO_DATA = sorted((ROOT / "configs" / "scenarios" / "data").glob("*"))
+ADMIN_FILES = sorted((ROOT / "configs" / "admin").glob("*.yaml"))
 ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
 
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
-    loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(SCENARIO_FILES)
+    loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(SCENARIO_FILES) | set(ADMIN_FILES)
     assert set(ALL_CONFIG_FILES) == loaders | set(SCENARIO_DATA)
 
 
@@ -44,6 +45,13 @@ def test_scenario_files_load(path: Path) -> None:
 
     scenario = load_scenario(path)
     assert scenario.jobs and all(job.iterations >= 1 for job in scenario.jobs)
+
+
+@pytest.mark.parametrize("path", ADMIN_FILES, ids=lambda p: p.name)
+def test_admin_files_load(path: Path) -> None:
+    from rlsched.admin import describe, load_admin
+
+    assert describe(load_admin(path))
 
 
 @pytest.mark.parametrize("path", TASK_FILES, ids=lambda p: p.name)
