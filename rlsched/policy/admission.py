@@ -1,0 +1,420 @@
+"""Admission of RL jobs to a shared cluster: order, quotas with borrowing, gang placement, victims.
+
+One call, `admit(snapshot, now, params)`, looks at the nodes, the running jobs and the pending ones
+and returns decisions: `Admit` (a job's gangs placed, all of them), `Evict` (a running job, or its
+elastic part, asked to save or drain within its grace period so that a waiting job can start), and
+`Wait` (a pending job stays pending, with the reason in words).
+
+Order: a job past its class's maximum wait goes first (the starvation bound), then higher priority,
+then, under DRF, the queue with the smallest weighted dominant share, then the earlier arrival.
+Quotas: a job fits its queue if the queue stays within its nominal quota, or borrows the rest from
+the idle nominal quota other queues of its cohort lend (within their lending limits and its own
+borrowing limit). Placement: every gang by `rlsched.policy.placement.place`; elastic parts (rollout
+instances) only where room is left. Preemption, when a job fits its quota but not the nodes: victims
+are running jobs that are preemptible, past their minimum run time, and either of lower priority in
+the same queue (`within_queue`) or borrowing beyond their own nominal quota while the preemptor's
+queue stays within its own (`reclaim_borrowed`); elastic parts go before whole jobs, then the lowest
+priority, then the least work lost since the last save. A job never preempts to below a victim
+queue's nominal quota, and a reclaim only happens for a queue that will stay within its nominal
+quota, so two jobs cannot take capacity from each other in turn (no preemption cycle). A job that
+can wait (its queue over quota, or nothing to preempt) gets the blocker in words.
+
+Pure: no clock but `now`, nothing mutated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rlsched.policy.placement import (
+    Gang,
+    Node,
+    Placement,
+    Resources,
+    Unplaceable,
+    add,
+    fits,
+    minus,
+    place,
+)
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class ClassParams:
+    value: int
+    preemptible: bool = True
+    grace_s: float = 30.0
+    min_run_s: float = 0.0
+    max_wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class QueueParams:
+    cohort: str | None = None
+    weight: float = 1.0
+    nominal: Resources = field(default_factory=dict)
+    borrowing_limit: Resources | None = None  # None: any
+    lending_limit: Resources | None = None  # None: all its idle nominal
+
+
+@dataclass(frozen=True)
+class AdmissionParams:
+    classes: Mapping[str, ClassParams]
+    queues: Mapping[str, QueueParams]
+    within_queue: bool = True
+    reclaim_borrowed: bool = True
+    drf: bool = True
+    device_types: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    name: str
+    queue: str
+    priority: str  # a class name
+    submitted: float
+    gangs: tuple[Gang, ...]  # all placed together or none (the training gang, the verifier pool ...)
+    elastic: tuple[Resources, ...] = ()  # rollout instances: placed where room is left, preempted first
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    name: str
+    queue: str
+    priority: str
+    started: float
+    allocations: tuple[tuple[str, Resources], ...]  # (node, resources) of its gangs
+    elastic: tuple[tuple[str, Resources], ...] = ()  # (node, resources) of each elastic part
+    last_save: float | None = None  # when its work was last saved (None: never; counts from start)
+
+    def usage(self) -> dict[str, float]:
+        return add(*(r for _, r in self.allocations), *(r for _, r in self.elastic))
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    nodes: tuple[Node, ...]
+    running: tuple[RunningJob, ...]
+    pending: tuple[PendingJob, ...]
+
+
+@dataclass(frozen=True)
+class Admit:
+    job: str
+    placements: tuple[Placement, ...]  # one per gang
+    elastic_nodes: tuple[str, ...]  # one per elastic part placed (the rest wait for room)
+    borrowed: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Evict:
+    job: str
+    elastic_only: bool  # only its elastic parts go; the job keeps running
+    grace_s: float
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    job: str
+    reason: str
+
+
+Decision = Admit | Evict | Wait
+
+
+# -- bookkeeping ----------------------------------------------------------------------------------
+
+
+def capacity_of(nodes: Sequence[Node]) -> dict[str, float]:
+    return add(*(n.capacity for n in nodes))
+
+
+def free_of(nodes: Sequence[Node], running: Sequence[RunningJob]) -> dict[str, dict[str, float]]:
+    free = {n.name: dict(n.capacity) for n in nodes}
+    for job in running:
+        for node, res in (*job.allocations, *job.elastic):
+            if node in free:
+                free[node] = minus(free[node], res)
+    return free
+
+
+def usage_by_queue(running: Sequence[RunningJob]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for job in running:
+        out[job.queue] = add(out.get(job.queue, {}), job.usage())
+    return out
+
+
+def demand(job: PendingJob) -> dict[str, float]:
+    return add(*(g.total() for g in job.gangs))
+
+
+def dominant_share(usage: Resources, capacity: Resources, weight: float) -> float:
+    shares = [v / capacity[k] for k, v in usage.items() if capacity.get(k, 0.0) > 0]
+    return max(shares, default=0.0) / weight
+
+
+def over(usage: Resources, limit: Resources) -> dict[str, float]:
+    """What `usage` has beyond `limit`, per resource (resources absent from `limit` are unlimited
+    only if `limit` is None; here an absent key means 0 nominal)."""
+    return {k: v - limit.get(k, 0.0) for k, v in usage.items() if v > limit.get(k, 0.0) + _EPS}
+
+
+# -- order ------------------------------------------------------------------------------------------
+
+
+def starving(job: PendingJob, now: float, params: AdmissionParams) -> bool:
+    bound = params.classes[job.priority].max_wait_s
+    return bound is not None and now - job.submitted >= bound
+
+
+def order(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> list[PendingJob]:
+    """Starving first, then priority, then (DRF) the smallest weighted dominant share, then arrival."""
+    cap = capacity_of(snapshot.nodes)
+    usage = usage_by_queue(snapshot.running)
+
+    def key(job: PendingJob) -> tuple[bool, int, float, float, str]:
+        q = params.queues[job.queue]
+        share = dominant_share(usage.get(job.queue, {}), cap, q.weight) if params.drf else 0.0
+        return (
+            not starving(job, now, params),
+            -params.classes[job.priority].value,
+            share,
+            job.submitted,
+            job.name,
+        )
+
+    return sorted(snapshot.pending, key=key)
+
+
+# -- quotas ------------------------------------------------------------------------------------------
+
+
+def lendable(queue: str, params: AdmissionParams, usage: Mapping[str, Resources]) -> dict[str, float]:
+    """What the other queues of `queue`'s cohort leave idle of their nominal quota and may lend,
+    less what others already borrow from the cohort."""
+    cohort = params.queues[queue].cohort
+    if cohort is None:
+        return {}
+    pool: dict[str, float] = {}
+    borrowed: dict[str, float] = {}
+    for name, q in params.queues.items():
+        if q.cohort != cohort:
+            continue
+        used = usage.get(name, {})
+        if name != queue:
+            idle = {k: max(0.0, v - used.get(k, 0.0)) for k, v in q.nominal.items()}
+            if q.lending_limit is not None:
+                idle = {k: min(v, q.lending_limit.get(k, 0.0)) for k, v in idle.items()}
+            pool = add(pool, idle)
+        borrowed = add(borrowed, over(used, q.nominal)) if name != queue else borrowed
+    return {k: max(0.0, v - borrowed.get(k, 0.0)) for k, v in pool.items()}
+
+
+def quota_check(
+    job: PendingJob, params: AdmissionParams, usage: Mapping[str, Resources]
+) -> tuple[dict[str, float] | None, str]:
+    """(what the job would borrow, "") if its queue can take it, else (None, the reason)."""
+    q = params.queues[job.queue]
+    after = add(usage.get(job.queue, {}), demand(job))
+    extra = over(after, q.nominal)
+    if not extra:
+        return {}, ""
+    if q.cohort is None:
+        return None, _over_quota(job, q, after, "and it has no cohort to borrow from")
+    if q.borrowing_limit is not None:
+        beyond = {k: v for k, v in extra.items() if v > q.borrowing_limit.get(k, 0.0) + _EPS}
+        if beyond:
+            k = next(iter(beyond))
+            return None, _over_quota(
+                job, q, after, f"beyond its borrowing limit of {q.borrowing_limit.get(k, 0.0):g} {k}"
+            )
+    pool = lendable(job.queue, params, usage)
+    short = {k: v for k, v in extra.items() if v > pool.get(k, 0.0) + _EPS}
+    if short:
+        k = next(iter(short))
+        return None, _over_quota(job, q, after, f"and cohort {q.cohort} has {pool.get(k, 0.0):g} {k} to lend")
+    return extra, ""
+
+
+def _over_quota(job: PendingJob, q: QueueParams, after: Resources, why: str) -> str:
+    k = next(k for k, v in after.items() if v > q.nominal.get(k, 0.0) + _EPS)
+    return (
+        f"queue {job.queue} would use {after[k]:g} {k} with this job, over its nominal quota of "
+        f"{q.nominal.get(k, 0.0):g} {k}, {why}"
+    )
+
+
+# -- placement ----------------------------------------------------------------------------------------
+
+
+def place_all(
+    job: PendingJob, nodes: Sequence[Node], free: Mapping[str, Resources], params: AdmissionParams
+) -> tuple[list[Placement], dict[str, dict[str, float]]] | str:
+    """Every gang placed in turn on what the earlier ones left, or the first blocker in words."""
+    left = {n: dict(r) for n, r in free.items()}
+    placements = []
+    for gang in job.gangs:
+        got = place(gang, nodes, left, params.device_types)
+        if isinstance(got, Unplaceable):
+            return got.reason
+        for bundle, node in zip(gang.bundles, got.nodes, strict=True):
+            left[node] = minus(left[node], bundle)
+        placements.append(got)
+    return placements, left
+
+
+def place_elastic(parts: Sequence[Resources], free: dict[str, dict[str, float]]) -> list[str]:
+    out = []
+    for part in parts:
+        node = next((n for n in sorted(free) if fits(part, free[n])), None)
+        if node is None:
+            break
+        free[node] = minus(free[node], part)
+        out.append(node)
+    return out
+
+
+# -- victims -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    job: RunningJob
+    elastic_only: bool
+    releases: tuple[tuple[str, Resources], ...]
+    why: str
+
+
+def candidates(
+    job: PendingJob,
+    snapshot: ClusterSnapshot,
+    now: float,
+    params: AdmissionParams,
+    usage: Mapping[str, Resources],
+) -> list[_Candidate]:
+    """Who may be asked to leave for `job`, in the order they should go."""
+    mine = params.classes[job.priority]
+    q = params.queues[job.queue]
+    reclaims = params.reclaim_borrowed and not over(add(usage.get(job.queue, {}), demand(job)), q.nominal)
+    out: list[tuple[tuple[int, int, float, str], _Candidate]] = []
+    for victim in snapshot.running:
+        cls = params.classes[victim.priority]
+        if not cls.preemptible or now - victim.started < cls.min_run_s:
+            continue
+        lower_here = params.within_queue and victim.queue == job.queue and cls.value < mine.value
+        vq = params.queues[victim.queue]
+        borrowing = over(usage.get(victim.queue, {}), vq.nominal)
+        reclaim = (
+            reclaims
+            and victim.queue != job.queue
+            and vq.cohort is not None
+            and vq.cohort == q.cohort
+            and bool(borrowing)
+        )
+        if not (lower_here or reclaim):
+            continue
+        why = (
+            f"lower priority ({victim.priority}) in queue {victim.queue}"
+            if lower_here
+            else (f"queue {victim.queue} borrows beyond its nominal quota and {job.queue} reclaims it")
+        )
+        lost = now - (victim.last_save if victim.last_save is not None else victim.started)
+        if victim.elastic:
+            out.append(((0, cls.value, lost, victim.name), _Candidate(victim, True, victim.elastic, why)))
+        if reclaim and not lower_here and not _stays_above_nominal(victim, usage, vq):
+            continue  # taking the whole job would push its queue below its guarantee
+        whole = (*victim.allocations, *victim.elastic)
+        out.append(((1, cls.value, lost, victim.name), _Candidate(victim, False, whole, why)))
+    return [c for _, c in sorted(out, key=lambda kv: kv[0])]
+
+
+def _stays_above_nominal(victim: RunningJob, usage: Mapping[str, Resources], q: QueueParams) -> bool:
+    after = minus(usage.get(victim.queue, {}), victim.usage())
+    return all(
+        after.get(k, 0.0) >= q.nominal.get(k, 0.0) - _EPS for k in victim.usage() if q.nominal.get(k, 0.0) > 0
+    )
+
+
+def choose_victims(
+    job: PendingJob,
+    snapshot: ClusterSnapshot,
+    now: float,
+    params: AdmissionParams,
+    free: Mapping[str, Resources],
+    usage: Mapping[str, Resources],
+) -> list[_Candidate] | None:
+    """Candidates taken in order until `job` fits its queue's quota and every gang of it can be
+    placed (None: not even all of them would do)."""
+    left = {n: dict(r) for n, r in free.items()}
+    used = {q: dict(u) for q, u in usage.items()}
+    chosen: list[_Candidate] = []
+    elastic_gone: set[str] = set()
+    whole_gone: set[str] = set()
+    for cand in candidates(job, snapshot, now, params, usage):
+        name = cand.job.name
+        if name in whole_gone:
+            continue
+        if cand.elastic_only:
+            releases = cand.job.elastic
+            elastic_gone.add(name)
+        else:
+            releases = cand.job.allocations if name in elastic_gone else cand.releases
+            whole_gone.add(name)
+            chosen = [c for c in chosen if c.job.name != name]  # the whole job supersedes its part
+        for node, res in releases:
+            if node in left:
+                left[node] = add(left[node], res)
+            used[cand.job.queue] = minus(used.get(cand.job.queue, {}), res)
+        chosen.append(cand)
+        quota_ok = quota_check(job, params, used)[0] is not None
+        if quota_ok and not isinstance(place_all(job, snapshot.nodes, left, params), str):
+            return chosen
+    return None
+
+
+# -- one admission cycle ------------------------------------------------------------------------------------
+
+
+def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> list[Decision]:
+    """Decisions for every pending job, in admission order (see the module docstring)."""
+    free = free_of(snapshot.nodes, snapshot.running)
+    usage = usage_by_queue(snapshot.running)
+    decisions: list[Decision] = []
+    evicting: set[str] = set()
+    blocked_by_starving = False
+    for job in order(snapshot, now, params):
+        if blocked_by_starving and not starving(job, now, params):
+            decisions.append(Wait(job.name, "a job past its maximum wait goes first; its resources are held"))
+            continue
+        borrowed, why = quota_check(job, params, usage)
+        placed = place_all(job, snapshot.nodes, free, params) if borrowed is not None else why
+        if isinstance(placed, str):
+            why = placed
+        elif borrowed is not None:
+            placements, free = placed
+            elastic_nodes = place_elastic(job.elastic, free)
+            usage[job.queue] = add(usage.get(job.queue, {}), demand(job), *job.elastic[: len(elastic_nodes)])
+            decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
+            continue
+        running = tuple(r for r in snapshot.running if r.name not in evicting)
+        victims = choose_victims(job, ClusterSnapshot(snapshot.nodes, running, ()), now, params, free, usage)
+        if victims is None:
+            decisions.append(Wait(job.name, why))
+        else:
+            for v in victims:
+                evicting.add(v.job.name)
+                grace = params.classes[v.job.priority].grace_s
+                decisions.append(Evict(v.job.name, v.elastic_only, grace, job.name, v.why))
+            longest = max(params.classes[v.job.priority].grace_s for v in victims)
+            decisions.append(
+                Wait(job.name, f"{len(victims)} preemption(s) under way (grace up to {longest:g} s)")
+            )
+        if starving(job, now, params) and (borrowed is not None or victims is not None):
+            blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
+    return decisions
