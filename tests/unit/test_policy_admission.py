@@ -64,7 +64,8 @@ def test_a_queue_over_its_quota_without_a_cohort_waits_and_says_so() -> None:
     assert got == [
         Wait(
             "j",
-            "queue a would use 8 GPU with this job, over its nominal quota of 4 GPU, and it has no cohort to borrow from",
+            "queue a would use 8 GPU with this job, over its nominal quota of 4 GPU, "
+            "and it has no cohort to borrow from",
         )
     ]
 
@@ -137,6 +138,12 @@ QUEUE_NAMES = ("a", "b", "c")
 CLASS_NAMES = tuple(CLASSES)
 
 
+def random_gang(draw: st.DrawFn, max_gpus: int, max_bundles: int) -> Gang:
+    n = draw(st.integers(1, max_bundles))
+    bundles = tuple({"GPU": float(draw(st.integers(0, max_gpus))), "CPU": 2.0} for _ in range(n))
+    return Gang(bundles, draw(st.sampled_from(list(Strategy))))
+
+
 @st.composite
 def worlds(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionParams, float]:
     nodes = tuple(
@@ -162,8 +169,7 @@ def worlds(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionParams, float]:
     seeds = [
         PendingJob(
             f"r{i}", draw(st.sampled_from(QUEUE_NAMES)), draw(st.sampled_from(CLASS_NAMES)), 0.0,
-            (Gang(tuple({"GPU": float(draw(st.integers(0, 4))), "CPU": 2.0} for _ in range(draw(st.integers(1, 2)))),
-                  draw(st.sampled_from(list(Strategy)))),),
+            (random_gang(draw, max_gpus=4, max_bundles=2),),
             tuple({"GPU": 1.0, "CPU": 1.0} for _ in range(draw(st.integers(0, 2)))),
         )
         for i in range(draw(st.integers(0, 5)))
@@ -184,8 +190,7 @@ def worlds(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionParams, float]:
         PendingJob(
             f"p{i}", draw(st.sampled_from(QUEUE_NAMES)), draw(st.sampled_from(CLASS_NAMES)),
             float(draw(st.integers(0, 999))),
-            (Gang(tuple({"GPU": float(draw(st.integers(0, 8))), "CPU": 2.0} for _ in range(draw(st.integers(1, 3)))),
-                  draw(st.sampled_from(list(Strategy)))),),
+            (random_gang(draw, max_gpus=8, max_bundles=3),),
         )
         for i in range(draw(st.integers(1, 5)))
     )  # fmt: skip
