@@ -37,6 +37,7 @@ from rlsched.policy.placement import (
     fits,
     minus,
     place,
+    why_not,
 )
 
 _EPS = 1e-9
@@ -255,12 +256,17 @@ def _over_quota(job: PendingJob, q: QueueParams, after: Resources, why: str) -> 
 
 def place_all(
     job: PendingJob, nodes: Sequence[Node], free: Mapping[str, Resources], params: AdmissionParams
-) -> tuple[list[Placement], dict[str, dict[str, float]]] | str:
+) -> tuple[list[Placement], dict[str, Resources]] | str:
     """Every gang placed in turn on what the earlier ones left, or the first blocker in words."""
-    left = {n: dict(r) for n, r in free.items()}
+    left = dict(free)  # shallow: entries are replaced, never mutated
     placements = []
     for gang in job.gangs:
-        got = place(gang, nodes, left, params.device_types)
+        # only nodes that have every resource each bundle asks for can take any of them
+        common = set.intersection(*({k for k, v in b.items() if v > 0} for b in gang.bundles))
+        able = [n for n in nodes if all(n.capacity.get(k, 0.0) > 0 for k in common)]
+        got = place(gang, able, left, params.device_types)
+        if isinstance(got, Unplaceable):  # the reason looks at every node
+            got = Unplaceable(why_not(gang, nodes, left, params.device_types))
         if isinstance(got, Unplaceable):
             return got.reason
         for bundle, node in zip(gang.bundles, got.nodes, strict=True):
@@ -269,7 +275,7 @@ def place_all(
     return placements, left
 
 
-def place_elastic(parts: Sequence[Resources], free: dict[str, dict[str, float]]) -> list[str]:
+def place_elastic(parts: Sequence[Resources], free: dict[str, Resources]) -> list[str]:
     out = []
     for part in parts:
         node = next((n for n in sorted(free) if fits(part, free[n])), None)
@@ -378,14 +384,22 @@ def choose_victims(
     return None
 
 
+def _shape(job: PendingJob) -> tuple[object, ...]:
+    return tuple(
+        (tuple(tuple(sorted(b.items())) for b in g.bundles), g.strategy, tuple(sorted(g.selector.items())))
+        for g in job.gangs
+    )
+
+
 # -- one admission cycle ------------------------------------------------------------------------------------
 
 
 def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> list[Decision]:
     """Decisions for every pending job, in admission order (see the module docstring)."""
-    free = free_of(snapshot.nodes, snapshot.running)
+    free: dict[str, Resources] = dict(free_of(snapshot.nodes, snapshot.running))
     usage = usage_by_queue(snapshot.running)
-    decisions: list[Decision] = []
+    failed: dict[tuple[object, ...], str] = {}  # free only shrinks within a cycle: a shape that did
+    decisions: list[Decision] = []  # not fit will not fit later in it either
     evicting: set[str] = set()
     blocked_by_starving = False
     for job in order(snapshot, now, params):
@@ -393,7 +407,15 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
             decisions.append(Wait(job.name, "a job past its maximum wait goes first; its resources are held"))
             continue
         borrowed, why = quota_check(job, params, usage)
-        placed = place_all(job, snapshot.nodes, free, params) if borrowed is not None else why
+        shape = _shape(job)
+        if borrowed is None:
+            placed: tuple[list[Placement], dict[str, Resources]] | str = why
+        elif shape in failed:
+            placed = failed[shape]
+        else:
+            placed = place_all(job, snapshot.nodes, free, params)
+            if isinstance(placed, str):
+                failed[shape] = placed
         if isinstance(placed, str):
             why = placed
         elif borrowed is not None:

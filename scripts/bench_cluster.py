@@ -1,0 +1,126 @@
+"""How fast the cluster layer decides: admission decisions per second on large clusters.
+
+    .venv/bin/python scripts/bench_cluster.py [--nodes 1000,10000] [--pending 5000] [--seed 0] [--json OUT]
+
+Workload: `--nodes` nodes of three types in turn (8 H100 + 112 CPU, 8 A100 + 128 CPU, 64 CPU
+only), three queues in one cohort splitting the cluster's capacity (weights 1, 2, 1), three
+priority classes, and `--pending` jobs (seed `--seed`): each one gang of 1-4 bundles of 1, 2, 4 or
+8 devices of one type with 4 CPU per device, under a random strategy, from a random queue and
+class, submitted over the last 1,000 s. One call of `rlsched.policy.admission.admit` decides every
+pending job (admit, or wait with its reason); the figure is pending jobs decided per second of that
+call, for DRF ordering and plain priority order (`fifo`). For scale: Kueue's published harness
+admits about 43 workloads per second end to end (not the same measurement: theirs includes the
+API server). Allocation rate, fairness and maximum wait over a job trace come with the cluster
+simulator. Writes bench_results/bench_cluster.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rlsched.policy.admission import (
+    AdmissionParams,
+    Admit,
+    ClassParams,
+    ClusterSnapshot,
+    PendingJob,
+    QueueParams,
+    admit,
+)
+from rlsched.policy.placement import Gang, Node, Strategy, add
+
+NODE_TYPES = (
+    ("h100", {"H100": 8.0, "CPU": 112.0}),
+    ("a100", {"A100": 8.0, "CPU": 128.0}),
+    ("cpu", {"CPU": 64.0}),
+)
+CLASSES = {
+    "online": ClassParams(1000, preemptible=False, max_wait_s=2),
+    "training": ClassParams(100, grace_s=30, min_run_s=60, max_wait_s=3600),
+    "batch": ClassParams(10, grace_s=10, max_wait_s=600),
+}
+KUEUE_WORKLOADS_PER_S = 43.0
+
+
+def world(nodes: int, pending: int, seed: int, drf: bool) -> tuple[ClusterSnapshot, AdmissionParams]:
+    rng = random.Random(seed)
+    cluster = tuple(
+        Node(f"n{i}", dict(NODE_TYPES[i % 3][1]), {"type": NODE_TYPES[i % 3][0]}) for i in range(nodes)
+    )
+    cap = add(*(n.capacity for n in cluster))
+    queues = {
+        q: QueueParams(cohort="research", weight=w, nominal={k: v / 3 for k, v in cap.items()})
+        for q, w in (("a", 1.0), ("b", 2.0), ("c", 1.0))
+    }
+    params = AdmissionParams(CLASSES, queues, drf=drf, device_types=frozenset({"H100", "A100"}))
+    jobs = []
+    for i in range(pending):
+        device, bundles, size = rng.choice(["H100", "A100"]), rng.randint(1, 4), rng.choice([1, 2, 4, 8])
+        gang = Gang(
+            tuple({device: size, "CPU": 4.0 * size} for _ in range(bundles)), rng.choice(list(Strategy))
+        )
+        jobs.append(
+            PendingJob(
+                f"job-{i}", rng.choice("abc"), rng.choice(list(CLASSES)), rng.uniform(0, 1000), (gang,)
+            )
+        )
+    return ClusterSnapshot(cluster, (), tuple(jobs)), params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="1000,10000")
+    ap.add_argument("--pending", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_cluster.json"))
+    args = ap.parse_args()
+    console = Console(width=120)
+    rows = []
+    for nodes in (int(n) for n in args.nodes.split(",")):
+        for policy, drf in (("drf", True), ("fifo", False)):
+            snap, params = world(nodes, args.pending, args.seed, drf)
+            start = time.perf_counter()
+            decisions = admit(snap, 1000.0, params)
+            seconds = time.perf_counter() - start
+            admitted = sum(isinstance(d, Admit) for d in decisions)
+            rows.append(
+                {
+                    "nodes": nodes,
+                    "pending": args.pending,
+                    "policy": policy,
+                    "seconds": seconds,
+                    "decisions_per_s": args.pending / seconds,
+                    "admitted": admitted,
+                    "vs_kueue_43_per_s": args.pending / seconds / KUEUE_WORKLOADS_PER_S,
+                }
+            )
+            console.print(
+                f"{nodes} nodes, {policy}: {args.pending / seconds:,.0f} decisions/s, {admitted} admitted"
+            )
+    table = Table(title=f"admission: {args.pending} pending jobs, seed {args.seed}")
+    for col in ("nodes", "policy", "seconds", "decisions/s", "admitted", "vs Kueue's 43/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            f"{r['nodes']:,}", r["policy"], f"{r['seconds']:.2f}", f"{r['decisions_per_s']:,.0f}",
+            str(r["admitted"]), f"{r['vs_kueue_43_per_s']:.1f}x",
+        )  # fmt: skip
+    console.print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {"workload": vars(args) | {"json": str(args.json)}, "rows": rows, "kueue_per_s": 43}, indent=2
+        )
+    )
+    console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
