@@ -10,8 +10,16 @@ class, submitted over the last 1,000 s. One call of `rlsched.policy.admission.ad
 pending job (admit, or wait with its reason); the figure is pending jobs decided per second of that
 call, for DRF ordering and plain priority order (`fifo`). For scale: Kueue's published harness
 admits about 43 workloads per second end to end (not the same measurement: theirs includes the
-API server). Allocation rate, fairness and maximum wait over a job trace come with the cluster
-simulator. Writes bench_results/bench_cluster.json.
+API server).
+
+Allocation (`rlsched.sim.cluster`, seeds 0..`--seeds`-1, `--hours` of trace): 16 nodes of 8 GPUs;
+training gangs (8-64 GPUs in whole nodes, mean 4 h, 0.35 per hour per team) from two teams (queues
+of weight 2 and 1 in one cohort, together nominal the whole cluster), alone and with preemptible
+low-priority borrowers (1-8 GPUs, mean 30 min, 40 per hour, a queue with no nominal quota), under
+DRF and priority order. Per variant, means over seeds: the share of GPUs allocated, each class's
+mean and maximum wait, preemptions, and Jain's index over the queues' weighted dominant shares.
+The figure it is compared with: a large study of production GPU clusters saw allocation rise from
+68% to 93% once preemptible low-priority work was added. Writes bench_results/bench_cluster.json.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from rlsched.policy.admission import (
     admit,
 )
 from rlsched.policy.placement import Gang, Node, Strategy, add
+from rlsched.sim.cluster import ClusterSim, TraceClass, summarise, synthetic_trace
 
 NODE_TYPES = (
     ("h100", {"H100": 8.0, "CPU": 112.0}),
@@ -74,16 +83,56 @@ def world(nodes: int, pending: int, seed: int, drf: bool) -> tuple[ClusterSnapsh
     return ClusterSnapshot(cluster, (), tuple(jobs)), params
 
 
+def allocation_runs(hours: float, seeds: int) -> list[dict[str, object]]:
+    nodes = [Node(f"n{i}", {"GPU": 8.0, "CPU": 64.0}) for i in range(16)]
+    classes = {
+        "training": ClassParams(100, grace_s=60, min_run_s=1800, max_wait_s=12 * 3600),
+        "batch": ClassParams(10, grace_s=30),
+    }
+    whole = {"GPU": 128.0, "CPU": 1024.0}
+    queues = {
+        "team-a": QueueParams(cohort="c", weight=2.0, nominal={k: v * 2 / 3 for k, v in whole.items()}),
+        "team-b": QueueParams(cohort="c", weight=1.0, nominal={k: v / 3 for k, v in whole.items()}),
+        "spot": QueueParams(cohort="c", nominal={}),
+    }
+    gangs = [
+        TraceClass(
+            "training", team, rate_per_h=0.35, devices=(8, 16, 32, 48, 64), mean_work_s=4 * 3600, sigma=0.8
+        )
+        for team in ("team-a", "team-b")
+    ]
+    borrowers = TraceClass("batch", "spot", rate_per_h=40, devices=(1, 2, 4, 8), mean_work_s=1800)
+    rows: list[dict[str, object]] = []
+    for label, streams, drf in (
+        ("gangs only, drf", gangs, True),
+        ("gangs + preemptible borrowers, drf", [*gangs, borrowers], True),
+        ("gangs + preemptible borrowers, priority order", [*gangs, borrowers], False),
+    ):
+        params = AdmissionParams(classes, queues, drf=drf)
+        per_seed = []
+        for seed in range(seeds):
+            trace = sorted(
+                (job for k, c in enumerate(streams) for job in synthetic_trace([c], hours, seed * 10 + k)),
+                key=lambda j: j.job.submitted,
+            )
+            per_seed.append(summarise(ClusterSim(nodes, params, trace, ["GPU"]).simulate()))
+        keys = sorted(set().union(*per_seed))
+        rows.append({"variant": label} | {k: sum(s.get(k, 0.0) for s in per_seed) / seeds for k in keys})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="1000,10000")
     ap.add_argument("--pending", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hours", type=float, default=48.0, help="hours of job trace for the allocation runs")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of the allocation runs")
     ap.add_argument("--json", type=Path, default=Path("bench_results/bench_cluster.json"))
     args = ap.parse_args()
     console = Console(width=120)
     rows = []
-    for nodes in (int(n) for n in args.nodes.split(",")):
+    for nodes in (int(n) for n in args.nodes.split(",") if n):
         for policy, drf in (("drf", True), ("fifo", False)):
             snap, params = world(nodes, args.pending, args.seed, drf)
             start = time.perf_counter()
@@ -113,10 +162,43 @@ def main() -> None:
             str(r["admitted"]), f"{r['vs_kueue_43_per_s']:.1f}x",
         )  # fmt: skip
     console.print(table)
+    allocation = allocation_runs(args.hours, args.seeds)
+    alloc = Table(title=f"allocation over {args.hours:g} h of trace, 16 x 8 GPUs, mean of {args.seeds} seeds")
+    for col in (
+        "variant",
+        "GPUs allocated",
+        "training wait mean / max s",
+        "batch wait mean / max s",
+        "preemptions",
+        "Jain",
+    ):
+        alloc.add_column(col, justify="right" if col != "variant" else "left")
+    for r in allocation:
+        batch = (
+            f"{float(r['batch_wait_mean_s']):,.0f} / {float(r['batch_wait_max_s']):,.0f}"
+            if "batch_wait_mean_s" in r
+            else "-"
+        )
+        alloc.add_row(
+            str(r["variant"]), f"{100 * float(r['allocation']):.1f}%",
+            f"{float(r['training_wait_mean_s']):,.0f} / {float(r['training_wait_max_s']):,.0f}",
+            batch, f"{float(r['preemptions']):.0f}", f"{float(r['jain']):.3f}",
+        )  # fmt: skip
+    console.print(alloc)
+    console.print(
+        "compare: a production study saw 68% -> 93% allocation once preemptible low-priority work was added"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
-            {"workload": vars(args) | {"json": str(args.json)}, "rows": rows, "kueue_per_s": 43}, indent=2
+            {
+                "workload": vars(args) | {"json": str(args.json)},
+                "rows": rows,
+                "kueue_per_s": 43,
+                "allocation": allocation,
+                "allocation_reference": {"without": 0.68, "with": 0.93},
+            },
+            indent=2,
         )
     )
     console.print(f"wrote {args.json}")

@@ -100,6 +100,7 @@ class ClusterSnapshot:
     nodes: tuple[Node, ...]
     running: tuple[RunningJob, ...]
     pending: tuple[PendingJob, ...]
+    evicting: Mapping[str, bool] = field(default_factory=dict)  # job -> only its elastic parts: going
 
 
 @dataclass(frozen=True)
@@ -316,13 +317,8 @@ def candidates(
         lower_here = params.within_queue and victim.queue == job.queue and cls.value < mine.value
         vq = params.queues[victim.queue]
         borrowing = over(usage.get(victim.queue, {}), vq.nominal)
-        reclaim = (
-            reclaims
-            and victim.queue != job.queue
-            and vq.cohort is not None
-            and vq.cohort == q.cohort
-            and bool(borrowing)
-        )
+        shares_cohort = victim.queue != job.queue and vq.cohort is not None and vq.cohort == q.cohort
+        reclaim = reclaims and shares_cohort and bool(borrowing)
         if not (lower_here or reclaim):
             continue
         why = (
@@ -384,6 +380,55 @@ def choose_victims(
     return None
 
 
+def _has_lower(job: PendingJob, snapshot: ClusterSnapshot, params: AdmissionParams) -> bool:
+    """Whether any running job of its queue has a lower priority (a victim that would free quota)."""
+    mine = params.classes[job.priority].value
+    return any(r.queue == job.queue and params.classes[r.priority].value < mine for r in snapshot.running)
+
+
+def _coming(free: Mapping[str, Resources], snapshot: ClusterSnapshot) -> dict[str, Resources]:
+    out = dict(free)
+    for job in snapshot.running:
+        if job.name in snapshot.evicting:
+            parts = job.elastic if snapshot.evicting[job.name] else (*job.allocations, *job.elastic)
+            for node, res in parts:
+                if node in out:
+                    out[node] = add(out[node], res)
+    return out
+
+
+def _reserve(
+    job: PendingJob,
+    nodes: Sequence[Node],
+    coming: dict[str, Resources],
+    victims: Sequence[_Candidate],
+    params: AdmissionParams,
+) -> dict[str, Resources]:
+    """What stays free for later jobs once `victims` are gone and `job` has taken its place."""
+    after = dict(coming)
+    for v in victims:
+        for node, res in v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic):
+            if node in after:
+                after[node] = add(after[node], res)
+    placed = place_all(job, nodes, after, params)
+    return after if isinstance(placed, str) else placed[1]
+
+
+def _hold(
+    free: dict[str, Resources], before: Mapping[str, Resources], after: Mapping[str, Resources]
+) -> dict[str, Resources]:
+    """Keep what a waiting job was promised (the drop from `before` to `after`, net of the
+    releases it waits for) out of what later jobs in this cycle may take: without this, small jobs
+    would refill the capacity freed for it and the evictions would never end."""
+    out = dict(free)
+    for node, was in before.items():
+        now = after.get(node, was)
+        taken = {k: v - now.get(k, 0.0) for k, v in was.items() if v - now.get(k, 0.0) > 0}
+        if taken:
+            out[node] = minus(out[node], taken)
+    return out
+
+
 def _shape(job: PendingJob) -> tuple[object, ...]:
     return tuple(
         (tuple(tuple(sorted(b.items())) for b in g.bundles), g.strategy, tuple(sorted(g.selector.items())))
@@ -398,15 +443,26 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
     """Decisions for every pending job, in admission order (see the module docstring)."""
     free: dict[str, Resources] = dict(free_of(snapshot.nodes, snapshot.running))
     usage = usage_by_queue(snapshot.running)
-    failed: dict[tuple[object, ...], str] = {}  # free only shrinks within a cycle: a shape that did
-    decisions: list[Decision] = []  # not fit will not fit later in it either
-    evicting: set[str] = set()
+    # free only shrinks within a cycle: a (queue, demand) refused, or a shape that did not fit (on
+    # what is free now, or once the evictions under way end), is refused again later in it
+    refused: dict[tuple[object, ...], str] = {}
+    failed: dict[tuple[object, ...], str] = {}
+    failed_later: dict[tuple[object, ...], str] = {}
+    decisions: list[Decision] = []
+    evicting: set[str] = set(snapshot.evicting)
+    coming = _coming(free, snapshot)  # what is free once the evictions under way are done
     blocked_by_starving = False
     for job in order(snapshot, now, params):
         if blocked_by_starving and not starving(job, now, params):
             decisions.append(Wait(job.name, "a job past its maximum wait goes first; its resources are held"))
             continue
+        over_quota = (job.queue, tuple(sorted(demand(job).items())))
+        if over_quota in refused:  # usage only grows within a cycle: refused now, refused again
+            decisions.append(Wait(job.name, refused[over_quota]))
+            continue
         borrowed, why = quota_check(job, params, usage)
+        if borrowed is None and not (params.within_queue and _has_lower(job, snapshot, params)):
+            refused[over_quota] = why
         shape = _shape(job)
         if borrowed is None:
             placed: tuple[list[Placement], dict[str, Resources]] | str = why
@@ -422,21 +478,47 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
             placements, free = placed
             elastic_nodes = place_elastic(job.elastic, free)
             usage[job.queue] = add(usage.get(job.queue, {}), demand(job), *job.elastic[: len(elastic_nodes)])
+            taken = [
+                (n, b)
+                for g, pl in zip(job.gangs, placements, strict=True)
+                for b, n in zip(g.bundles, pl.nodes, strict=True)
+            ]
+            for node, res in (*taken, *zip(elastic_nodes, job.elastic, strict=False)):
+                coming[node] = minus(coming[node], res)
             decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
             continue
-        running = tuple(r for r in snapshot.running if r.name not in evicting)
-        victims = choose_victims(job, ClusterSnapshot(snapshot.nodes, running, ()), now, params, free, usage)
-        if victims is None:
-            decisions.append(Wait(job.name, why))
+        victims: list[_Candidate] | None = None
+        if borrowed is None:
+            later: tuple[list[Placement], dict[str, Resources]] | str = why
+        elif not (snapshot.evicting or evicting) or shape in failed_later:
+            later = failed_later.get(shape, why)  # nothing is being freed: `coming` is `free`
         else:
-            for v in victims:
-                evicting.add(v.job.name)
-                grace = params.classes[v.job.priority].grace_s
-                decisions.append(Evict(v.job.name, v.elastic_only, grace, job.name, v.why))
-            longest = max(params.classes[v.job.priority].grace_s for v in victims)
-            decisions.append(
-                Wait(job.name, f"{len(victims)} preemption(s) under way (grace up to {longest:g} s)")
+            later = place_all(job, snapshot.nodes, coming, params)
+            if isinstance(later, str):
+                failed_later[shape] = later
+        if not isinstance(later, str):  # the evictions already under way make room for it
+            free = _hold(free, coming, later[1])
+            coming = later[1]
+            decisions.append(Wait(job.name, "waiting for the preemptions under way to finish"))
+        else:
+            running = tuple(r for r in snapshot.running if r.name not in evicting)
+            victims = choose_victims(
+                job, ClusterSnapshot(snapshot.nodes, running, ()), now, params, coming, usage
             )
+            if victims is None:
+                decisions.append(Wait(job.name, why))
+            else:
+                after = _reserve(job, snapshot.nodes, coming, victims, params)
+                free = _hold(free, coming, after)
+                coming = after
+                for v in victims:
+                    evicting.add(v.job.name)
+                    grace = params.classes[v.job.priority].grace_s
+                    decisions.append(Evict(v.job.name, v.elastic_only, grace, job.name, v.why))
+                longest = max(params.classes[v.job.priority].grace_s for v in victims)
+                decisions.append(
+                    Wait(job.name, f"{len(victims)} preemption(s) under way (grace up to {longest:g} s)")
+                )
         if starving(job, now, params) and (borrowed is not None or victims is not None):
             blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
     return decisions

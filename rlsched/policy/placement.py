@@ -246,7 +246,8 @@ def _shortfall(need: Resources, free: Resources) -> float:
     return sum(max(0.0, v - free.get(k, 0.0)) / max(v, _EPS) for k, v in need.items() if v > 0)
 
 
-def _node_note(node: Node, need: Resources, free: Resources, device_types: frozenset[str]) -> str:
+def _node_note(node: Node, need: Resources, held: Resources, device_types: frozenset[str]) -> str:
+    free = {k: max(v, 0.0) for k, v in held.items()}  # capacity held for another job shows as none
     have = [
         f"{_amount(free.get(k, 0.0))} free {k}" for k, v in need.items() if v > 0 and free.get(k, 0.0) >= v
     ]
