@@ -259,7 +259,7 @@ def cmd_calc(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from rlsched.config import load_scenario
+    from rlsched.sim.scenario import load_scenario
     from rlsched.simulate import render, run_scenario
 
     cfg = load_scenario(args.scenario, args.set)

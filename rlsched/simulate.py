@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlsched.config import ScenarioConfig
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.rljob import SimRun, simulate
+from rlsched.sim.scenario import ScenarioConfig
 
 PHASES = ("t_iter", "t_generate", "t_verify", "t_verify_exposed", "t_update", "t_publish", "t_load")
 LIFE = ("lifetime_s", "preparing_s", "generating_s", "not_generating")

@@ -16,8 +16,8 @@ import json
 import time
 from pathlib import Path
 
-from rlsched.config import ScenarioConfig
 from rlsched.sim.rljob import simulate
+from rlsched.sim.scenario import ScenarioConfig
 
 
 def main() -> None:

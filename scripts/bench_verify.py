@@ -50,10 +50,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlsched.config import ScenarioConfig
 from rlsched.metrics.spans import Span, verification_batch
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.rljob import SimRun, simulate
+from rlsched.sim.scenario import ScenarioConfig
 
 SHAPES: dict[str, Any] = {
     "bimodal": {"kind": "mixture", "components": [{"weight": 9, "dist": 1.0}, {"weight": 1, "dist": 100.0}]},

@@ -22,9 +22,10 @@ import ray
 import torch
 
 from actors.controller import run_silently
-from rlsched.config import ScenarioConfig, load_config
+from rlsched.config import load_config
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.sim.rljob import simulate
+from rlsched.sim.scenario import ScenarioConfig
 
 
 def fit(

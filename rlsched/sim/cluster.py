@@ -31,7 +31,7 @@ from rlsched.policy.admission import (
     admit,
     dominant_share,
 )
-from rlsched.policy.placement import Gang, Node, Resources, add
+from rlsched.policy.placement import Gang, Node, add
 from rlsched.sim.engine import Simulator
 
 
@@ -48,7 +48,6 @@ class _Live:
     left_s: float  # work still to do
     started: float = 0.0
     running: RunningJob | None = None
-    finish: object = None  # the finish event's handle
     evicting: bool = False
     evicting_elastic: bool = False
     submitted: float = 0.0
@@ -137,7 +136,7 @@ class ClusterSim:
         if live.first_start is None:
             live.first_start = self.sim.now
             self.run.waits.setdefault(job.priority, []).append(self.sim.now - live.submitted)
-        live.finish = self.sim.after(live.left_s, partial(self._finish, job.name, self.sim.now))
+        self.sim.after(live.left_s, partial(self._finish, job.name, self.sim.now))
 
     def _finish(self, name: str, started: float) -> None:
         live = self.jobs[name]
@@ -235,15 +234,3 @@ def summarise(run: ClusterRun) -> dict[str, float]:
         out[f"{cls}_completion_mean_s"] = float(np.mean(done))
     out["unfinished"] = float(run.unfinished)
     return out
-
-
-__all__ = [
-    "ClusterRun",
-    "ClusterSim",
-    "Resources",
-    "TraceClass",
-    "TraceJob",
-    "jain",
-    "summarise",
-    "synthetic_trace",
-]

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from rlsched.config import SimJobConfig, SimTransientConfig
 from rlsched.policy.bandwidth import max_min_rates
 from rlsched.policy.resume import Restart, ResumeCost, resume_or_restart, truncate_group
 from rlsched.sim.engine import EventHandle, Simulator
+from rlsched.sim.scenario import SimJobConfig, SimTransientConfig
 
 _EPS = 1e-9
 
@@ -156,7 +156,6 @@ class SimFleet:
         self.closed = False  # the job is done: no more grants
         w = cfg.weights
         self.link = Link(sim, w.egress_gbps * 1e9)
-        self.cost = ResumeCost(cfg.resume.prefill_tokens_per_s, 1.0, cfg.resume.setup_s)
         self.instances: dict[str, Instance] = {}
         for k in range(cfg.instances):
             inst = Instance(f"{cfg.name}/rollout-{k}", cfg.slots, 0.0, w.receiver_gbps * 1e9)
@@ -241,7 +240,8 @@ class SimFleet:
         self.queue.extendleft(sorted(back, reverse=True))
 
     def _cost(self, n: int) -> ResumeCost:
-        return ResumeCost(self.cost.prefill_tokens_per_s, max(self.rates[n], _EPS), self.cost.setup_s)
+        r = self.cfg.resume  # this sample's own decode rate prices the tokens a restart redoes
+        return ResumeCost(r.prefill_tokens_per_s, max(self.rates[n], _EPS), r.setup_s)
 
     # -- generating ---------------------------------------------------------------------------
     def start_iteration(self, tokens: list[float], rates: list[float]) -> None:
@@ -263,7 +263,8 @@ class SimFleet:
         prefill = 0.0
         if saved > 0:  # resumed: prefill prompt + saved tokens first
             prefill = (
-                self.cost.setup_s + (self.cfg.resume.prompt_tokens + saved) / self.cost.prefill_tokens_per_s
+                self._cost(n).setup_s
+                + (self.cfg.resume.prompt_tokens + saved) / self.cfg.resume.prefill_tokens_per_s
             )
         seconds = prefill + (self.tokens[n] - saved) / max(self.rates[n], _EPS)
         event = self.sim.after(seconds, partial(self._finish, inst, n))

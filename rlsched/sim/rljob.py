@@ -1,6 +1,6 @@
 """RL jobs in virtual time: generate on instances, verify on a shared pool, update, publish; repeat.
 
-A scenario (`rlsched.config.ScenarioConfig`) holds one or more jobs and one verifier pool they share.
+A scenario (`rlsched.sim.scenario.ScenarioConfig`) holds one or more jobs and one verifier pool they share.
 Each iteration of a job asks for `samples` generations spread over `instances` rollout instances of
 `slots` concurrent sequences each; a sample's generation time is drawn (`generate_s`, or
 `tokens / tokens_per_s`). Each finished sample becomes a pending verification of the pool's CPU
@@ -32,7 +32,6 @@ from itertools import islice
 
 import numpy as np
 
-from rlsched.config import ScenarioConfig, SimJobConfig, SimPoolConfig
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.policy.dispatch_queue import DispatchQueue
 from rlsched.policy.estimate import RemainingTime
@@ -57,6 +56,7 @@ from rlsched.policy.verify import (
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
 from rlsched.sim.fleet import SimFleet
+from rlsched.sim.scenario import ScenarioConfig, SimJobConfig, SimPoolConfig
 
 Done = Callable[[TaskId, float, WorkerId], None]  # (task, start, worker), called at the end
 

@@ -27,7 +27,7 @@ def test_every_file_under_configs_is_covered_by_a_loader() -> None:
 
 
 def test_every_scenario_data_file_is_read_by_a_shipped_scenario() -> None:
-    from rlsched.config import load_scenario
+    from rlsched.sim.scenario import load_scenario
 
     used = {
         (path.parent / dist["file"]).resolve()
@@ -41,7 +41,7 @@ def test_every_scenario_data_file_is_read_by_a_shipped_scenario() -> None:
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
 def test_scenario_files_load(path: Path) -> None:
-    from rlsched.config import load_scenario
+    from rlsched.sim.scenario import load_scenario
 
     scenario = load_scenario(path)
     assert scenario.jobs and all(job.iterations >= 1 for job in scenario.jobs)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rlsched.config import load_scenario
 from rlsched.errors import UserError
 from rlsched.metrics.spans import SpanKind
 from rlsched.sim.rljob import simulate
+from rlsched.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "configs/scenarios/elastic.yaml"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlsched.config import ScenarioConfig
 from rlsched.metrics.spans import SpanKind
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.rljob import simulate
+from rlsched.sim.scenario import ScenarioConfig
 
 
 def job(name: str, trainer_gpus: int, generate_mean: float, verify_mean: float) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from rlsched.config import ScenarioConfig
 from rlsched.metrics.spans import SpanKind, phase_times
 from rlsched.policy.queueing import batch
 from rlsched.sim.rljob import simulate
+from rlsched.sim.scenario import ScenarioConfig
 
 JOB: dict[str, Any] = {
     "name": "a",

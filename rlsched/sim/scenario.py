@@ -1,0 +1,204 @@
+"""Simulator scenarios (`configs/scenarios/*.yaml`): the cluster, the verifier pool every job shares,
+the jobs (their distributions, weight link, transient instances), the policies and seeds; typed and
+validated once like a job config, with the same loader (`--set`, errors by dotted path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from rlsched.config import _load, _Section
+from rlsched.policy.verify import DispatchPolicy
+from rlsched.sim.dists import Constant, Distribution, Uniform
+
+
+class SimClusterConfig(_Section):
+    """What the simulated cluster has; the jobs and the verifier pool must fit in it."""
+
+    gpus: int = Field(8, ge=0, description="accelerators (the quickstart's 'GPUs' are CPU processes)")
+    cpus: int = Field(64, ge=0)
+
+
+class SimPoolConfig(_Section):
+    """The verifier pool every job's samples share: CPU workers, and GPU workers for a GPU stage."""
+
+    cpu_workers: int = Field(4, ge=1, description="workers for the CPU stage of each verification")
+    cpus_per_worker: int = Field(1, ge=1)
+    gpu_workers: int = Field(0, ge=0, description="workers holding one GPU each, for the GPU stage")
+    autoscale: bool = Field(
+        False, description="distrs only: resize the pool over time by advise_pool (history-based scaling)"
+    )
+    scale_interval_s: float = Field(1.0, gt=0, description="how often the pool size is reconsidered")
+    start_s: float = Field(0.0, ge=0, description="seconds a worker added by scaling takes to start")
+    worker_cost: float = Field(
+        1.0, ge=0, description="one worker-second against one idle device-second of a training group"
+    )
+    order_generation: bool = Field(
+        True,
+        description="distrs only: each job generates the problems with the longest expected "
+        "verification first",
+    )
+    preempt: bool = Field(
+        False,
+        description="distrs only: urgent work may stop a running verification of a batch whose "
+        "training group costs less idle (it reruns from the start later)",
+    )
+
+
+class SimWeightsConfig(_Section):
+    """A job's weight link (SPEC section 2): every instance pulls each version's `bytes` through the
+    trainer's shared egress under its own ingress cap, then loads it for `load_s`."""
+
+    bytes: float = Field(gt=0)
+    egress_gbps: float = Field(gt=0)
+    receiver_gbps: float = Field(gt=0)
+    load_s: float = Field(0.0, ge=0, description="load and confirm, after the transfer")
+
+
+class SimTransientConfig(_Section):
+    """`count` instances granted at `join_at_s` (virtual seconds) and reclaimed `available_s` later."""
+
+    join_at_s: float = Field(ge=0)
+    available_s: float = Field(gt=0, description="the window, preparation included")
+    count: int = Field(1, ge=1)
+    receiver_gbps: float | None = Field(None, gt=0, description="their ingress; unset: the job's")
+
+
+class SimResumeConfig(_Section):
+    """Pricing a reclaimed sample's resume (prefill of prompt + saved tokens) against a restart."""
+
+    prompt_tokens: float = Field(0.0, ge=0)
+    prefill_tokens_per_s: float = Field(5000.0, gt=0)
+    setup_s: float = Field(0.0, ge=0)
+
+
+class SimJobConfig(_Section):
+    """One RL job: generate on instances, verify (CPU stage, then an optional GPU stage), update, publish.
+
+    Generation time per sample is `generate_s`, or `tokens / tokens_per_s` when both are given. With
+    `weights`, instances pull every version over the modelled link and `transient` instances come
+    and go (`rlsched.sim.fleet`).
+    """
+
+    name: str = Field("job", min_length=1)
+    iterations: int = Field(10, ge=1)
+    samples: int = Field(256, ge=1, description="samples per iteration")
+    instances: int = Field(2, ge=1, description="rollout instances")
+    gpus_per_instance: int = Field(1, ge=0)
+    slots: int = Field(64, ge=1, description="sequences one instance generates at once (its batch)")
+    trainer_gpus: int = Field(2, ge=0)
+    generate_s: Distribution | None = None
+    tokens: Distribution | None = Field(None, description="generated tokens per sample")
+    tokens_per_s: Distribution | None = Field(None, description="decode speed of one sequence")
+    verify_cpu_s: Distribution = Constant(value=0.01)
+    verify_gpu_s: Distribution | None = Field(None, description="a GPU stage after the CPU stage")
+    update_s: Distribution = Constant(value=0.5)
+    update_tokens_per_s: float | None = Field(
+        None, gt=0, description="if set, the update also takes the batch's tokens / this rate"
+    )
+    publish_s: Distribution = Constant(value=0.01)
+    overlap: bool = Field(True, description="verify while generating (false: the sequential baseline)")
+    group_size: int = Field(1, ge=1, description="samples per problem in an iteration (GRPO's group)")
+    problems: int | None = Field(
+        None, ge=1, description="dataset size: problems recur across iterations (none: always new ones)"
+    )
+    verify_spread: float = Field(
+        0.0, ge=0, description="sigma of a sample's lognormal factor around its problem's verify time"
+    )
+    verify_slots: int = Field(
+        1, ge=1, description="CPU workers each verification needs at once (a gang verifier: all or none)"
+    )
+    weights: SimWeightsConfig | None = None
+    transient: tuple[SimTransientConfig, ...] = ()
+    resume: SimResumeConfig = SimResumeConfig()
+
+    @model_validator(mode="after")
+    def _elastic_needs(self) -> SimJobConfig:
+        if self.transient and self.weights is None:
+            raise ValueError("transient instances need weights (bytes, egress_gbps, receiver_gbps) to join")
+        if self.weights is not None and self.tokens is None:
+            raise ValueError(
+                "weights (elastic generation) needs the token model (tokens and tokens_per_s), "
+                "so that a reclaimed sample's saved tokens can be priced"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_divide(self) -> SimJobConfig:
+        if self.samples % self.group_size:
+            raise ValueError(f"samples ({self.samples}) must be a multiple of group_size ({self.group_size})")
+        if self.problems is not None and self.problems < self.samples // self.group_size:
+            raise ValueError(
+                f"problems ({self.problems}) must cover one iteration's {self.samples // self.group_size} "
+                "problems (samples / group_size)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_generation_model(self) -> SimJobConfig:
+        by_tokens = self.tokens is not None or self.tokens_per_s is not None
+        if by_tokens and (self.tokens is None or self.tokens_per_s is None):
+            raise ValueError("give both tokens and tokens_per_s (generation time = tokens / tokens_per_s)")
+        if by_tokens == (self.generate_s is not None):
+            raise ValueError("give generate_s, or tokens and tokens_per_s, but not both")
+        if self.update_tokens_per_s is not None and not by_tokens:
+            raise ValueError("update_tokens_per_s needs the token model (tokens and tokens_per_s)")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        transient = sum(t.count for t in self.transient)  # at their peak they all hold one
+        return self.trainer_gpus + (self.instances + transient) * self.gpus_per_instance
+
+
+class ScenarioConfig(_Section):
+    cluster: SimClusterConfig = SimClusterConfig()
+    pool: SimPoolConfig = SimPoolConfig()
+    jobs: tuple[SimJobConfig, ...] = (SimJobConfig(generate_s=Uniform(low=0.1, high=0.5)),)
+    policies: tuple[DispatchPolicy, ...] = (DispatchPolicy.FIFO,)
+    seeds: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> ScenarioConfig:
+        if not self.jobs:
+            raise ValueError("jobs: a scenario needs at least one job")
+        names = [j.name for j in self.jobs]
+        if len(set(names)) < len(names):
+            raise ValueError(f"jobs: names must differ (got {', '.join(names)}); set jobs.N.name")
+        too_wide = [j for j in self.jobs if j.verify_slots > self.pool.cpu_workers]
+        if too_wide:
+            raise ValueError(
+                f"jobs.{self.jobs.index(too_wide[0])}.verify_slots is {too_wide[0].verify_slots} but the "
+                f"pool has {self.pool.cpu_workers} CPU workers; a gang verification could never start"
+            )
+        gpu_stage = [j.name for j in self.jobs if j.verify_gpu_s is not None]
+        if gpu_stage and self.pool.gpu_workers == 0:
+            raise ValueError(
+                f"pool.gpu_workers is 0 but job {gpu_stage[0]} has a GPU verification stage "
+                "(verify_gpu_s); give the pool GPU workers or drop the stage"
+            )
+        need = sum(j.gpus for j in self.jobs) + self.pool.gpu_workers
+        if need > self.cluster.gpus:
+            parts = [
+                f"{j.name} {j.trainer_gpus} trainer + {j.instances}x{j.gpus_per_instance}" for j in self.jobs
+            ]
+            raise ValueError(
+                f"cluster.gpus is {self.cluster.gpus} but the scenario needs {need} "
+                f"({'; '.join(parts)} rollout; pool {self.pool.gpu_workers}); "
+                "raise cluster.gpus or ask for fewer"
+            )
+        cpus = self.pool.cpu_workers * self.pool.cpus_per_worker
+        if cpus > self.cluster.cpus:
+            raise ValueError(
+                f"cluster.cpus is {self.cluster.cpus} but the pool needs {cpus} "
+                f"({self.pool.cpu_workers} workers x {self.pool.cpus_per_worker}); "
+                "raise cluster.cpus or lower pool.cpu_workers"
+            )
+        return self
+
+
+def load_scenario(path: Path | str | None, overrides: list[str] | None = None) -> ScenarioConfig:
+    """A scenario file (`configs/scenarios/*.yaml`); empirical files are read relative to it."""
+    return _load(ScenarioConfig, path, overrides)
