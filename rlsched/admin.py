@@ -21,6 +21,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from rlsched.config import _load, _Section
+from rlsched.policy.admission import AdmissionParams, ClassParams, QueueParams
 
 
 class PriorityClass(_Section):
@@ -65,6 +66,9 @@ class Cohort(_Section):
 class PreemptionRules(_Section):
     within_queue: bool = Field(True, description="a higher-priority job may preempt lower ones of its queue")
     reclaim_borrowed: bool = Field(True, description="a queue takes back its lent nominal quota")
+    borrow_within_cohort: bool = Field(
+        True, description="a job that must borrow may preempt lower-priority borrowers of its cohort"
+    )
     never_below_nominal: bool = Field(True, description="no job is preempted to below its queue's nominal")
 
 
@@ -209,6 +213,35 @@ def load_admin(path: Path | str) -> AdminConfig:
     return _load(AdminConfig, path, None)
 
 
+def admission_params(cfg: AdminConfig) -> AdmissionParams:
+    """The admission policy's parameters for this file (the runtime and the simulator use these)."""
+    return AdmissionParams(
+        classes={
+            n: ClassParams(c.value, c.preemptible, c.grace_s, c.min_run_s, c.max_wait_s)
+            for n, c in cfg.priority_classes.items()
+        },
+        queues={
+            n: QueueParams(
+                cohort=q.cohort,
+                weight=q.weight,
+                nominal=dict(q.nominal),
+                borrowing_limit=dict(q.borrowing_limit) or None,
+                lending_limit=dict(q.lending_limit) or None,
+            )
+            for n, q in cfg.queues.items()
+        },
+        within_queue=cfg.preemption.within_queue,
+        reclaim_borrowed=cfg.preemption.reclaim_borrowed,
+        borrow_within_cohort=cfg.preemption.borrow_within_cohort,
+        never_below_nominal=cfg.preemption.never_below_nominal,
+        drf=cfg.fairness.policy is FairnessPolicy.DRF,
+        device_types=frozenset(cfg.device_types),
+        reserve=dict(cfg.reserve.resources) if cfg.reserve else None,
+        reserve_classes=frozenset(cfg.reserve.classes) if cfg.reserve else frozenset(),
+        usage_half_life_s=cfg.fairness.usage_half_life_s,
+    )
+
+
 def describe(cfg: AdminConfig) -> list[str]:
     """What the file means, in plain words."""
     lines = []
@@ -247,6 +280,8 @@ def describe(cfg: AdminConfig) -> list[str]:
         rules.append("a job may preempt lower-priority jobs of its own queue")
     if p.reclaim_borrowed:
         rules.append("a queue takes back what it lent")
+    if p.borrow_within_cohort:
+        rules.append("a job that must borrow may preempt lower-priority borrowers of its cohort")
     if p.never_below_nominal:
         rules.append("nobody is preempted below their queue's guarantee")
     lines.append("Preemption: " + ("; ".join(rules) if rules else "off") + ".")

@@ -2,11 +2,16 @@
 
 One call, `admit(snapshot, now, params)`, looks at the nodes, the running jobs and the pending ones
 and returns decisions: `Admit` (a job's gangs placed, all of them), `Evict` (a running job, or its
-elastic part, asked to save or drain within its grace period so that a waiting job can start), and
-`Wait` (a pending job stays pending, with the reason in words).
+elastic part, asked to save or drain within its grace period so that a waiting job can start),
+`Wait` (a pending job stays pending, with the reason in words), and `Grow` (a running job gets back
+elastic parts it lacks, on what the pending jobs leave, within quota).
 
-Order: a job past its class's maximum wait goes first (the starvation bound), then higher priority,
-then, under DRF, the queue with the smallest weighted dominant share, then the earlier arrival.
+Order: jobs that fit their queue's nominal quota before jobs that must borrow (as Kueue orders
+them: capacity a queue reclaims goes to it, not back to the borrower it was taken from); within
+each, a job past its class's maximum wait first (the starvation bound), then higher priority, then,
+under DRF, the queue with the smallest weighted dominant share, then the earlier arrival. So the
+maximum wait is a promise within the nominal quota; a job that must borrow is promised it only as
+far as the lenders do not want their quota back (it may still take from lower-priority borrowers).
 Quotas: a job fits its queue if the queue stays within its nominal quota, or borrows the rest from
 the idle nominal quota other queues of its cohort lend (within their lending limits and its own
 borrowing limit). Placement: every gang by `rlsched.policy.placement.place`; elastic parts (rollout
@@ -18,6 +23,14 @@ priority, then the least work lost since the last save. A job never preempts to 
 queue's nominal quota, and a reclaim only happens for a queue that will stay within its nominal
 quota, so two jobs cannot take capacity from each other in turn (no preemption cycle). A job that
 can wait (its queue over quota, or nothing to preempt) gets the blocker in words.
+
+Borrowing within the cohort (`borrow_within_cohort`, Kueue's policy of that name): a job that must
+borrow may also take from borrowers of its cohort with a lower priority, so a training gang larger
+than its queue's quota does not wait for every preemptible borrower to drain. The reserve
+(`reserve`, SPEC section 5): jobs of other classes are placed only if that much still fits on one
+node afterwards, less what the reserve's classes use, so an online job that may wait 2 s never
+waits for a training job's 30 s grace period. Fairness over history: with `ClusterSnapshot.history`
+(each queue's usage decayed by `decay_usage`), DRF orders by that instead of current usage.
 
 Pure: no clock but `now`, nothing mutated.
 """
@@ -57,8 +70,8 @@ class QueueParams:
     cohort: str | None = None
     weight: float = 1.0
     nominal: Resources = field(default_factory=dict)
-    borrowing_limit: Resources | None = None  # None: any
-    lending_limit: Resources | None = None  # None: all its idle nominal
+    borrowing_limit: Resources | None = None  # None, or a resource it does not name: any
+    lending_limit: Resources | None = None  # None, or a resource it does not name: all its idle nominal
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,12 @@ class AdmissionParams:
     queues: Mapping[str, QueueParams]
     within_queue: bool = True
     reclaim_borrowed: bool = True
+    borrow_within_cohort: bool = True  # a job may take from lower-priority borrowers while it borrows
+    never_below_nominal: bool = True  # no victim's queue is taken below its nominal quota
     drf: bool = True
+    reserve: Resources | None = None  # kept free on one node for `reserve_classes` (SPEC section 5)
+    reserve_classes: frozenset[str] = frozenset()
+    usage_half_life_s: float | None = None  # for whoever keeps ClusterSnapshot.history (not used by admit)
     device_types: frozenset[str] = frozenset()
 
 
@@ -90,6 +108,7 @@ class RunningJob:
     allocations: tuple[tuple[str, Resources], ...]  # (node, resources) of its gangs
     elastic: tuple[tuple[str, Resources], ...] = ()  # (node, resources) of each elastic part
     last_save: float | None = None  # when its work was last saved (None: never; counts from start)
+    missing: tuple[Resources, ...] = ()  # elastic parts it wants but does not hold (granted by Grow)
 
     def usage(self) -> dict[str, float]:
         return add(*(r for _, r in self.allocations), *(r for _, r in self.elastic))
@@ -101,6 +120,7 @@ class ClusterSnapshot:
     running: tuple[RunningJob, ...]
     pending: tuple[PendingJob, ...]
     evicting: Mapping[str, bool] = field(default_factory=dict)  # job -> only its elastic parts: going
+    history: Mapping[str, Resources] | None = None  # queue -> decayed usage (fairness over history)
 
 
 @dataclass(frozen=True)
@@ -126,7 +146,15 @@ class Wait:
     reason: str
 
 
-Decision = Admit | Evict | Wait
+@dataclass(frozen=True)
+class Grow:
+    """A running job gets back elastic parts it lacks (one node per part, in `RunningJob.missing` order)."""
+
+    job: str
+    elastic_nodes: tuple[str, ...]
+
+
+Decision = Admit | Evict | Wait | Grow
 
 
 # -- bookkeeping ----------------------------------------------------------------------------------
@@ -176,14 +204,19 @@ def starving(job: PendingJob, now: float, params: AdmissionParams) -> bool:
 
 
 def order(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> list[PendingJob]:
-    """Starving first, then priority, then (DRF) the smallest weighted dominant share, then arrival."""
+    """Jobs that fit their queue's nominal quota before jobs that must borrow (the nominal quota is a
+    guarantee: what a queue reclaims goes to it, not back to the borrower it took it from), then
+    within each, starving jobs first, then priority, then (DRF) the smallest weighted dominant
+    share, then arrival."""
     cap = capacity_of(snapshot.nodes)
     usage = usage_by_queue(snapshot.running)
+    weighed = usage if snapshot.history is None else snapshot.history
 
-    def key(job: PendingJob) -> tuple[bool, int, float, float, str]:
+    def key(job: PendingJob) -> tuple[bool, bool, int, float, float, str]:
         q = params.queues[job.queue]
-        share = dominant_share(usage.get(job.queue, {}), cap, q.weight) if params.drf else 0.0
+        share = dominant_share(weighed.get(job.queue, {}), cap, q.weight) if params.drf else 0.0
         return (
+            bool(over(add(usage.get(job.queue, {}), demand(job)), q.nominal)),
             not starving(job, now, params),
             -params.classes[job.priority].value,
             share,
@@ -212,7 +245,7 @@ def lendable(queue: str, params: AdmissionParams, usage: Mapping[str, Resources]
         if name != queue:
             idle = {k: max(0.0, v - used.get(k, 0.0)) for k, v in q.nominal.items()}
             if q.lending_limit is not None:
-                idle = {k: min(v, q.lending_limit.get(k, 0.0)) for k, v in idle.items()}
+                idle = {k: min(v, q.lending_limit.get(k, v)) for k, v in idle.items()}  # absent: all
             pool = add(pool, idle)
         borrowed = add(borrowed, over(used, q.nominal)) if name != queue else borrowed
     return {k: max(0.0, v - borrowed.get(k, 0.0)) for k, v in pool.items()}
@@ -230,7 +263,8 @@ def quota_check(
     if q.cohort is None:
         return None, _over_quota(job, q, after, "and it has no cohort to borrow from")
     if q.borrowing_limit is not None:
-        beyond = {k: v for k, v in extra.items() if v > q.borrowing_limit.get(k, 0.0) + _EPS}
+        limit = q.borrowing_limit  # a resource it does not name: any
+        beyond = {k: v for k, v in extra.items() if k in limit and v > limit[k] + _EPS}
         if beyond:
             k = next(iter(beyond))
             return None, _over_quota(
@@ -256,9 +290,14 @@ def _over_quota(job: PendingJob, q: QueueParams, after: Resources, why: str) -> 
 
 
 def place_all(
-    job: PendingJob, nodes: Sequence[Node], free: Mapping[str, Resources], params: AdmissionParams
+    job: PendingJob,
+    nodes: Sequence[Node],
+    free: Mapping[str, Resources],
+    params: AdmissionParams,
+    keep: Resources | None = None,
 ) -> tuple[list[Placement], dict[str, Resources]] | str:
-    """Every gang placed in turn on what the earlier ones left, or the first blocker in words."""
+    """Every gang placed in turn on what the earlier ones left, or the first blocker in words; with
+    `keep`, only if that much still fits on one node afterwards (the reserve)."""
     left = dict(free)  # shallow: entries are replaced, never mutated
     placements = []
     for gang in job.gangs:
@@ -273,7 +312,25 @@ def place_all(
         for bundle, node in zip(gang.bundles, got.nodes, strict=True):
             left[node] = minus(left[node], bundle)
         placements.append(got)
+    if keep and not any(fits(keep, left[n.name]) for n in nodes):
+        return (
+            f"it would take the capacity reserved for {', '.join(sorted(params.reserve_classes))} "
+            f"({', '.join(f'{v:g} {k}' for k, v in keep.items())} kept free on one node)"
+        )
     return placements, left
+
+
+def decay_usage(
+    average: Mapping[str, Resources], usage: Mapping[str, Resources], dt: float, half_life_s: float
+) -> dict[str, dict[str, float]]:
+    """Each queue's usage averaged over the past with weights halving every `half_life_s` (for
+    fairness over history: a queue that just used much waits behind one that did not)."""
+    keep = 0.5 ** (dt / half_life_s)
+    out: dict[str, dict[str, float]] = {}
+    for q in {*average, *usage}:
+        old, new = average.get(q, {}), usage.get(q, {})
+        out[q] = {k: keep * old.get(k, 0.0) + (1 - keep) * new.get(k, 0.0) for k in {*old, *new}}
+    return out
 
 
 def place_elastic(parts: Sequence[Resources], free: dict[str, Resources]) -> list[str]:
@@ -319,17 +376,21 @@ def candidates(
         borrowing = over(usage.get(victim.queue, {}), vq.nominal)
         shares_cohort = victim.queue != job.queue and vq.cohort is not None and vq.cohort == q.cohort
         reclaim = reclaims and shares_cohort and bool(borrowing)
-        if not (lower_here or reclaim):
-            continue
-        why = (
-            f"lower priority ({victim.priority}) in queue {victim.queue}"
-            if lower_here
-            else (f"queue {victim.queue} borrows beyond its nominal quota and {job.queue} reclaims it")
+        lower_borrower = (
+            params.borrow_within_cohort and shares_cohort and bool(borrowing) and cls.value < mine.value
         )
+        if not (lower_here or reclaim or lower_borrower):
+            continue
+        if lower_here:
+            why = f"lower priority ({victim.priority}) in queue {victim.queue}"
+        elif reclaim:
+            why = f"queue {victim.queue} borrows beyond its nominal quota and {job.queue} reclaims it"
+        else:
+            why = f"lower priority ({victim.priority}) borrowing in cohort {vq.cohort}"
         lost = now - (victim.last_save if victim.last_save is not None else victim.started)
         if victim.elastic:
             out.append(((0, cls.value, lost, victim.name), _Candidate(victim, True, victim.elastic, why)))
-        if reclaim and not lower_here and not _stays_above_nominal(victim, usage, vq):
+        if not lower_here and params.never_below_nominal and not _stays_above_nominal(victim, usage, vq):
             continue  # taking the whole job would push its queue below its guarantee
         whole = (*victim.allocations, *victim.elastic)
         out.append(((1, cls.value, lost, victim.name), _Candidate(victim, False, whole, why)))
@@ -350,6 +411,7 @@ def choose_victims(
     params: AdmissionParams,
     free: Mapping[str, Resources],
     usage: Mapping[str, Resources],
+    keep: Resources | None = None,
 ) -> list[_Candidate] | None:
     """Candidates taken in order until `job` fits its queue's quota and every gang of it can be
     placed (None: not even all of them would do)."""
@@ -375,25 +437,49 @@ def choose_victims(
             used[cand.job.queue] = minus(used.get(cand.job.queue, {}), res)
         chosen.append(cand)
         quota_ok = quota_check(job, params, used)[0] is not None
-        if quota_ok and not isinstance(place_all(job, snapshot.nodes, left, params), str):
+        if quota_ok and not isinstance(place_all(job, snapshot.nodes, left, params, keep), str):
             return chosen
     return None
 
 
 def _has_lower(job: PendingJob, snapshot: ClusterSnapshot, params: AdmissionParams) -> bool:
-    """Whether any running job of its queue has a lower priority (a victim that would free quota)."""
+    """Whether a running job that preemption could take quota from has a lower priority: one of its
+    queue, or (borrowing within the cohort) one of its cohort."""
     mine = params.classes[job.priority].value
-    return any(r.queue == job.queue and params.classes[r.priority].value < mine for r in snapshot.running)
+    cohort = params.queues[job.queue].cohort
+    for r in snapshot.running:
+        if params.classes[r.priority].value >= mine:
+            continue
+        if params.within_queue and r.queue == job.queue:
+            return True
+        if params.borrow_within_cohort and cohort is not None and params.queues[r.queue].cohort == cohort:
+            return True
+    return False
+
+
+def _leaving(snapshot: ClusterSnapshot) -> list[tuple[str, tuple[tuple[str, Resources], ...]]]:
+    """(queue, parts) of what the evictions under way release."""
+    out = []
+    for job in snapshot.running:
+        if job.name in snapshot.evicting:
+            parts = job.elastic if snapshot.evicting[job.name] else (*job.allocations, *job.elastic)
+            out.append((job.queue, parts))
+    return out
 
 
 def _coming(free: Mapping[str, Resources], snapshot: ClusterSnapshot) -> dict[str, Resources]:
     out = dict(free)
-    for job in snapshot.running:
-        if job.name in snapshot.evicting:
-            parts = job.elastic if snapshot.evicting[job.name] else (*job.allocations, *job.elastic)
-            for node, res in parts:
-                if node in out:
-                    out[node] = add(out[node], res)
+    for _, parts in _leaving(snapshot):
+        for node, res in parts:
+            if node in out:
+                out[node] = add(out[node], res)
+    return out
+
+
+def _usage_coming(usage: Mapping[str, Resources], snapshot: ClusterSnapshot) -> dict[str, dict[str, float]]:
+    out = {q: dict(u) for q, u in usage.items()}
+    for queue, parts in _leaving(snapshot):
+        out[queue] = minus(out.get(queue, {}), add(*(r for _, r in parts)))
     return out
 
 
@@ -403,6 +489,7 @@ def _reserve(
     coming: dict[str, Resources],
     victims: Sequence[_Candidate],
     params: AdmissionParams,
+    keep: Resources | None = None,
 ) -> dict[str, Resources]:
     """What stays free for later jobs once `victims` are gone and `job` has taken its place."""
     after = dict(coming)
@@ -410,7 +497,7 @@ def _reserve(
         for node, res in v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic):
             if node in after:
                 after[node] = add(after[node], res)
-    placed = place_all(job, nodes, after, params)
+    placed = place_all(job, nodes, after, params, keep)
     return after if isinstance(placed, str) else placed[1]
 
 
@@ -429,11 +516,20 @@ def _hold(
     return out
 
 
-def _shape(job: PendingJob) -> tuple[object, ...]:
-    return tuple(
+def _shape(job: PendingJob, keep: Resources | None) -> tuple[object, ...]:
+    gangs = tuple(
         (tuple(tuple(sorted(b.items())) for b in g.bundles), g.strategy, tuple(sorted(g.selector.items())))
         for g in job.gangs
     )
+    return (gangs, tuple(sorted((keep or {}).items())))
+
+
+def _reserve_left(running: Sequence[RunningJob], params: AdmissionParams) -> dict[str, float]:
+    """What of the reserve its classes do not use now (what other jobs must leave free)."""
+    if not params.reserve:
+        return {}
+    used = add(*(r.usage() for r in running if r.priority in params.reserve_classes))
+    return {k: max(0.0, v - used.get(k, 0.0)) for k, v in params.reserve.items()}
 
 
 # -- one admission cycle ------------------------------------------------------------------------------------
@@ -451,6 +547,8 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
     decisions: list[Decision] = []
     evicting: set[str] = set(snapshot.evicting)
     coming = _coming(free, snapshot)  # what is free once the evictions under way are done
+    reserve = _reserve_left(snapshot.running, params)
+    usage_later = _usage_coming(usage, snapshot)  # each queue's usage then, with what is promised
     blocked_by_starving = False
     for job in order(snapshot, now, params):
         if blocked_by_starving and not starving(job, now, params):
@@ -461,15 +559,16 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
             decisions.append(Wait(job.name, refused[over_quota]))
             continue
         borrowed, why = quota_check(job, params, usage)
-        if borrowed is None and not (params.within_queue and _has_lower(job, snapshot, params)):
+        if borrowed is None and not (evicting or _has_lower(job, snapshot, params)):
             refused[over_quota] = why
-        shape = _shape(job)
+        keep = None if job.priority in params.reserve_classes or not any(reserve.values()) else reserve
+        shape = _shape(job, keep)
         if borrowed is None:
             placed: tuple[list[Placement], dict[str, Resources]] | str = why
         elif shape in failed:
             placed = failed[shape]
         else:
-            placed = place_all(job, snapshot.nodes, free, params)
+            placed = place_all(job, snapshot.nodes, free, params, keep)
             if isinstance(placed, str):
                 failed[shape] = placed
         if isinstance(placed, str):
@@ -477,7 +576,11 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
         elif borrowed is not None:
             placements, free = placed
             elastic_nodes = place_elastic(job.elastic, free)
-            usage[job.queue] = add(usage.get(job.queue, {}), demand(job), *job.elastic[: len(elastic_nodes)])
+            used = (demand(job), *job.elastic[: len(elastic_nodes)])
+            usage[job.queue] = add(usage.get(job.queue, {}), *used)
+            usage_later[job.queue] = add(usage_later.get(job.queue, {}), *used)
+            if job.priority in params.reserve_classes and reserve:
+                reserve = {k: max(0.0, v - add(*used).get(k, 0.0)) for k, v in reserve.items()}
             taken = [
                 (n, b)
                 for g, pl in zip(job.gangs, placements, strict=True)
@@ -488,30 +591,35 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
             decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
             continue
         victims: list[_Candidate] | None = None
-        if borrowed is None:
+        quota_later = borrowed is not None or quota_check(job, params, usage_later)[0] is not None
+        if not quota_later:
             later: tuple[list[Placement], dict[str, Resources]] | str = why
         elif not (snapshot.evicting or evicting) or shape in failed_later:
             later = failed_later.get(shape, why)  # nothing is being freed: `coming` is `free`
         else:
-            later = place_all(job, snapshot.nodes, coming, params)
+            later = place_all(job, snapshot.nodes, coming, params, keep)
             if isinstance(later, str):
                 failed_later[shape] = later
         if not isinstance(later, str):  # the evictions already under way make room for it
             free = _hold(free, coming, later[1])
             coming = later[1]
+            usage_later[job.queue] = add(usage_later.get(job.queue, {}), demand(job))
             decisions.append(Wait(job.name, "waiting for the preemptions under way to finish"))
         else:
             running = tuple(r for r in snapshot.running if r.name not in evicting)
             victims = choose_victims(
-                job, ClusterSnapshot(snapshot.nodes, running, ()), now, params, coming, usage
+                job, ClusterSnapshot(snapshot.nodes, running, ()), now, params, coming, usage_later, keep
             )
             if victims is None:
                 decisions.append(Wait(job.name, why))
             else:
-                after = _reserve(job, snapshot.nodes, coming, victims, params)
+                after = _reserve(job, snapshot.nodes, coming, victims, params, keep)
                 free = _hold(free, coming, after)
                 coming = after
+                usage_later[job.queue] = add(usage_later.get(job.queue, {}), demand(job))
                 for v in victims:
+                    released = v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic)
+                    usage_later[v.job.queue] = minus(usage_later[v.job.queue], add(*(r for _, r in released)))
                     evicting.add(v.job.name)
                     grace = params.classes[v.job.priority].grace_s
                     decisions.append(Evict(v.job.name, v.elastic_only, grace, job.name, v.why))
@@ -521,4 +629,51 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
                 )
         if starving(job, now, params) and (borrowed is not None or victims is not None):
             blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
+    if not blocked_by_starving:
+        decisions += grow(snapshot, params, free, usage, evicting, reserve)
     return decisions
+
+
+def grow(
+    snapshot: ClusterSnapshot,
+    params: AdmissionParams,
+    free: dict[str, Resources],
+    usage: dict[str, dict[str, float]],
+    evicting: set[str],
+    reserve: Resources,
+) -> list[Decision]:
+    """Running jobs' missing elastic parts, on what the pending jobs left (their holds included),
+    within quota, highest priority first; a job being evicted gets nothing back."""
+    out: list[Decision] = []
+    jobs = [r for r in snapshot.running if r.missing and r.name not in evicting]
+    for job in sorted(jobs, key=lambda r: (-params.classes[r.priority].value, r.started, r.name)):
+        nodes: list[str] = []
+        for part in job.missing:
+            if (
+                quota_check(
+                    PendingJob(job.name, job.queue, job.priority, 0.0, (Gang((part,)),)), params, usage
+                )[0]
+                is None
+            ):
+                break
+            keep = None if job.priority in params.reserve_classes or not any(reserve.values()) else reserve
+            node = next(
+                (n.name for n in snapshot.nodes if fits(part, free[n.name])
+                 and (not keep or _keeps(keep, snapshot.nodes, free, n.name, part))),
+                None,
+            )  # fmt: skip
+            if node is None:
+                break
+            free[node] = minus(free[node], part)
+            usage[job.queue] = add(usage.get(job.queue, {}), part)
+            nodes.append(node)
+        if nodes:
+            out.append(Grow(job.name, tuple(nodes)))
+    return out
+
+
+def _keeps(
+    keep: Resources, nodes: Sequence[Node], free: Mapping[str, Resources], node: str, part: Resources
+) -> bool:
+    left = {**free, node: minus(free[node], part)}
+    return any(fits(keep, left[n.name]) for n in nodes)

@@ -1,10 +1,13 @@
 """Many jobs on one cluster in virtual time: a job trace through the admission policy the cluster
 layer runs (`rlsched.policy.admission.admit`), with preemption, grace periods and lost work.
 
-Every arrival, finish and completed eviction triggers one admission cycle. An admitted job runs for
+Every arrival, finish and completed eviction triggers one admission cycle, and so does the moment
+a waiting job's answer may change without one (a running job's minimum run time ends, a waiting
+job reaches its maximum wait). An admitted job runs for
 its remaining work; an evicted one keeps running through its grace period, then stops: what it did
 since its last save (every `save_every_s`) is lost and it goes back to the queue with the rest of its
-work; an evicted elastic part just leaves (the job carries on without it). Reported: the share of
+work; an evicted elastic part just leaves (the job carries on without it) and comes back when there is room
+again (`Grow`). Reported: the share of
 devices allocated over time, each class's queueing delay and completion time, the maximum wait,
 preemptions, and Jain's fairness index over the queues' dominant shares (time-weighted).
 
@@ -26,10 +29,13 @@ from rlsched.policy.admission import (
     Admit,
     ClusterSnapshot,
     Evict,
+    Grow,
     PendingJob,
     RunningJob,
     admit,
+    decay_usage,
     dominant_share,
+    usage_by_queue,
 )
 from rlsched.policy.placement import Gang, Node, add
 from rlsched.sim.engine import Simulator
@@ -62,6 +68,7 @@ class ClusterRun:
     waits: dict[str, list[float]] = field(default_factory=dict)  # per class: arrival to first start
     completions: dict[str, list[float]] = field(default_factory=dict)  # per class: arrival to finish
     preemptions: int = 0
+    grown: int = 0  # elastic parts given back to running jobs
     jain: float = 1.0  # time-weighted Jain's index over queues' weighted dominant shares
     unfinished: int = 0
 
@@ -83,6 +90,8 @@ class ClusterSim:
         self._last = 0.0
         self._alloc_s = 0.0
         self._jain_s = 0.0
+        self._woken: float | None = None  # when the next wake-up cycle is due
+        self._history: dict[str, dict[str, float]] = {}  # decayed usage per queue (usage_half_life_s)
         for t in trace:
             self.sim.at(t.job.submitted, partial(self._arrive, t.job.name))
 
@@ -101,6 +110,9 @@ class ClusterSim:
                 usage = add(*(r.usage() for r in self._running() if r.queue == q))
                 shares.append(dominant_share(usage, self.capacity, qp.weight))
             self._jain_s += dt * jain(shares)
+            if self.params.usage_half_life_s:
+                now_usage = usage_by_queue(self._running())
+                self._history = decay_usage(self._history, now_usage, dt, self.params.usage_half_life_s)
         self._last = self.sim.now
 
     # -- events ---------------------------------------------------------------------------------------
@@ -113,12 +125,41 @@ class ClusterSim:
         evicting = {
             n: j.evicting_elastic for n, j in self.jobs.items() if j.evicting and j.running is not None
         }
-        snapshot = ClusterSnapshot(self.nodes, tuple(self._running()), tuple(self.pending.values()), evicting)
+        history = self._history if self.params.usage_half_life_s else None
+        snapshot = ClusterSnapshot(
+            self.nodes, tuple(self._running()), tuple(self.pending.values()), evicting, history
+        )
         for d in admit(snapshot, self.sim.now, self.params):
             if isinstance(d, Admit):
                 self._start(d)
             elif isinstance(d, Evict):
                 self._evict(d)
+            elif isinstance(d, Grow):
+                self._grow(d)
+        self._wake()
+
+    def _wake(self) -> None:
+        """While jobs wait, cycle again when the answer may change without an event: a running job's
+        minimum run time ends (it becomes a possible victim) or a waiting job reaches its maximum
+        wait (it goes first)."""
+        if not self.pending:
+            return
+        now = self.sim.now
+        times = [r.started + self.params.classes[r.priority].min_run_s for r in self._running()] + [
+            j.submitted + bound
+            for j in self.pending.values()
+            if (bound := self.params.classes[j.priority].max_wait_s) is not None
+        ]
+        later = [t for t in times if t > now + 1e-9]
+        if later and (self._woken is None or self._woken <= now or min(later) < self._woken):
+            self._woken = min(later)
+            self.sim.at(self._woken, self._wake_cycle)
+
+    def _wake_cycle(self) -> None:
+        if self._woken is not None and abs(self._woken - self.sim.now) < 1e-9:
+            self._woken = None
+            self._advance()
+            self._cycle()
 
     def _start(self, d: Admit) -> None:
         live = self.jobs[d.job]
@@ -129,14 +170,26 @@ class ClusterSim:
             for b, node in zip(g.bundles, pl.nodes, strict=True)
         )
         elastic = tuple(zip(d.elastic_nodes, job.elastic, strict=False))
+        missing = job.elastic[len(elastic) :]
         live.running = RunningJob(
-            job.name, job.queue, job.priority, self.sim.now, allocs, elastic, self.sim.now
+            job.name, job.queue, job.priority, self.sim.now, allocs, elastic, self.sim.now, missing
         )
         live.started = self.sim.now
         if live.first_start is None:
             live.first_start = self.sim.now
             self.run.waits.setdefault(job.priority, []).append(self.sim.now - live.submitted)
         self.sim.after(live.left_s, partial(self._finish, job.name, self.sim.now))
+
+    def _grow(self, d: Grow) -> None:
+        live = self.jobs[d.job]
+        assert live.running is not None
+        got = tuple(zip(d.elastic_nodes, live.running.missing, strict=False))
+        live.running = replace(
+            live.running,
+            elastic=(*live.running.elastic, *got),
+            missing=live.running.missing[len(got) :],
+        )
+        self.run.grown += len(got)
 
     def _finish(self, name: str, started: float) -> None:
         live = self.jobs[name]
@@ -163,7 +216,8 @@ class ClusterSim:
             return  # it finished within its grace period
         self._advance()
         if elastic_only:
-            live.running = replace(live.running, elastic=())
+            parts = (*live.running.missing, *(r for _, r in live.running.elastic))
+            live.running = replace(live.running, elastic=(), missing=parts)
             self._cycle()
             return
         ran = self.sim.now - live.started

@@ -136,3 +136,17 @@ def test_missing_file_and_bad_set() -> None:
 def test_cross_field_rule() -> None:
     with pytest.raises(UserError, match="curve_size"):
         load_config(None, ["task.eval_size=100", "eval.curve_size=200"])
+
+
+def test_the_admin_file_becomes_the_admission_policys_parameters() -> None:
+    from rlsched.admin import admission_params, load_admin
+
+    p = admission_params(load_admin(ROOT / "configs/admin/example.yaml"))
+    assert p.classes["training"].grace_s == 30 and p.classes["online"].preemptible is False
+    assert p.queues["team-a"].borrowing_limit == {"H100": 2} and p.queues["team-b"].lending_limit == {
+        "A100": 8
+    }
+    assert p.queues["serving"].cohort is None and p.queues["serving"].borrowing_limit is None
+    assert p.reserve == {"H100": 1, "CPU": 8} and p.reserve_classes == {"online"}
+    assert p.drf and p.usage_half_life_s == 3600 and p.device_types == {"H100", "A100"}
+    assert p.borrow_within_cohort and p.never_below_nominal

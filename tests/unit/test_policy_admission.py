@@ -11,11 +11,13 @@ from rlsched.policy.admission import (
     ClassParams,
     ClusterSnapshot,
     Evict,
+    Grow,
     PendingJob,
     QueueParams,
     RunningJob,
     Wait,
     admit,
+    decay_usage,
     demand,
     free_of,
     order,
@@ -100,6 +102,78 @@ def test_a_queue_reclaims_its_lent_quota_elastic_parts_first() -> None:
         Evict("b-job", True, 30.0, "a-job", "queue b borrows beyond its nominal quota and a reclaims it")
     ]
     assert isinstance(by_job(got)["a-job"], Wait) and "preemption(s) under way" in by_job(got)["a-job"].reason
+
+
+def test_a_job_that_must_borrow_takes_from_lower_priority_borrowers_of_its_cohort() -> None:
+    """Kueue's borrowWithinCohort: a training gang larger than its queue's nominal quota would otherwise
+    wait for every preemptible borrower to drain (past its maximum wait on a busy cluster)."""
+    p = params(
+        team=QueueParams(cohort="c", nominal={"GPU": 8, "CPU": 32}),
+        spot=QueueParams(cohort="c", nominal={}),
+        idle=QueueParams(cohort="c", nominal={"GPU": 8, "CPU": 32}),
+    )
+    spot = RunningJob("spot-1", "spot", "batch", 0.0, (("n2", {"GPU": 8, "CPU": 4}),))
+    gang16 = PendingJob("big", "team", "training", 50.0, (gang(8, n=2, strategy=Strategy.STRICT_SPREAD),))
+    got = admit(ClusterSnapshot(NODES, (spot,), (gang16,)), 100.0, p)
+    assert [d for d in got if isinstance(d, Evict)] == [
+        Evict("spot-1", False, 10.0, "big", "lower priority (batch) borrowing in cohort c")
+    ]
+    off = AdmissionParams(CLASSES, p.queues, borrow_within_cohort=False)
+    assert not [
+        d for d in admit(ClusterSnapshot(NODES, (spot,), (gang16,)), 100.0, off) if isinstance(d, Evict)
+    ]
+
+
+def test_the_reserve_stays_free_for_its_classes() -> None:
+    """SPEC section 5: online work that may wait 2 s is served from a reserve, not by preemption."""
+    base = params(a=QueueParams(nominal={"GPU": 16, "CPU": 64}))
+    p = AdmissionParams(
+        CLASSES, base.queues, reserve={"GPU": 2, "CPU": 4}, reserve_classes=frozenset({"online"})
+    )
+    batch = [PendingJob(f"b{i}", "a", "batch", float(i), (gang(4),)) for i in range(4)]
+    got = by_job(admit(ClusterSnapshot(NODES, (), tuple(batch)), 1.0, p))
+    assert [isinstance(got[f"b{i}"], Admit) for i in range(4)] == [True, True, True, False]
+    assert "capacity reserved for online (2 GPU, 4 CPU kept free on one node)" in got["b3"].reason
+    online = PendingJob("serve", "a", "online", 0.5, (gang(2),))
+    got = by_job(admit(ClusterSnapshot(NODES, (), (*batch, online)), 1.0, p))
+    assert isinstance(got["serve"], Admit)  # it goes first and takes the reserve
+    assert sum(isinstance(got[f"b{i}"], Admit) for i in range(4)) == 3
+
+
+def test_fairness_over_history_puts_the_queue_that_used_more_behind() -> None:
+    p = params(
+        a=QueueParams(cohort="c", nominal={"GPU": 8, "CPU": 32}),
+        b=QueueParams(cohort="c", nominal={"GPU": 8, "CPU": 32}),
+    )
+    ja, jb = PendingJob("ja", "a", "batch", 0.0, (gang(4),)), PendingJob("jb", "b", "batch", 1.0, (gang(4),))
+    now = ClusterSnapshot(NODES, (), (ja, jb))
+    assert [j.name for j in order(now, 2.0, p)] == ["ja", "jb"]  # nothing runs: arrival decides
+    history = decay_usage({}, {"a": {"GPU": 16.0}}, dt=600.0, half_life_s=600.0)
+    assert history["a"]["GPU"] == 8.0  # half of what a used over one half-life
+    past = ClusterSnapshot(NODES, (), (ja, jb), history=history)
+    assert [j.name for j in order(past, 2.0, p)] == ["jb", "ja"]
+
+
+def test_limits_that_name_some_resources_leave_the_others_unlimited() -> None:
+    p = params(
+        a=QueueParams(cohort="c", nominal={"GPU": 4, "CPU": 4}, borrowing_limit={"GPU": 8}),
+        b=QueueParams(cohort="c", nominal={"GPU": 12, "CPU": 60}, lending_limit={"GPU": 12}),
+    )
+    (d,) = admit(
+        ClusterSnapshot(NODES, (), (PendingJob("j", "a", "batch", 0.0, (gang(8, cpus=20),)),)), 1.0, p
+    )
+    assert isinstance(d, Admit) and d.borrowed == {"GPU": 4, "CPU": 16}
+
+
+def test_elastic_parts_come_back_when_there_is_room_and_not_before_the_pending_jobs() -> None:
+    p = params(a=QueueParams(nominal={"GPU": 16, "CPU": 64}))
+    part = {"GPU": 4.0, "CPU": 2.0}
+    job = RunningJob("rl", "a", "batch", 0.0, (("n1", {"GPU": 8, "CPU": 4}),), missing=(part, part, part))
+    got = admit(ClusterSnapshot(NODES, (job,), ()), 10.0, p)
+    assert got == [Grow("rl", ("n2", "n2"))]  # two fit; the third waits for room
+    waiting = PendingJob("big", "a", "training", 5.0, (gang(8),))
+    got = admit(ClusterSnapshot(NODES, (job,), (waiting,)), 10.0, p)
+    assert isinstance(got[0], Admit) and got[1:] == []  # the pending job first: nothing left
 
 
 def test_minimum_run_time_and_non_preemptible_classes_are_never_victims() -> None:
@@ -243,8 +317,11 @@ def test_victims_are_eligible_and_starving_jobs_are_never_overtaken(world: tuple
             reclaimed = bool(over(usage.get(v.queue, {}), p.queues[v.queue].nominal))
             assert same_queue_lower or reclaimed
     ordered = order(snap, now, p)
-    flags = [starving(j, now, p) for j in ordered]
-    assert flags == sorted(flags, reverse=True)  # every starving job before every other
+    borrows = [bool(over(add(usage.get(j.queue, {}), demand(j)), p.queues[j.queue].nominal)) for j in ordered]
+    assert borrows == sorted(borrows)  # jobs within their queue's nominal quota first
+    for group in (False, True):  # then, within each, every starving job before every other
+        flags = [starving(j, now, p) for j, b in zip(ordered, borrows, strict=True) if b == group]
+        assert flags == sorted(flags, reverse=True)
     waiting_starving = [
         d.job for d in decisions if isinstance(d, Wait) and starving(pending[d.job], now, p)
         and "over its nominal quota" not in d.reason
