@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from typing import Any
 import ray
 import torch
 
+from actors.cluster import ClusterClient, JobStopped
 from actors.fleet import Fleet
 from actors.pool import VerifierPool, step
 from actors.trainer import PublishedVersion, TrainingGroup
@@ -41,6 +42,7 @@ from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import load_checkpoint, load_state_bytes, save_checkpoint
 from rlsched.model.template import load_template
 from rlsched.policy.estimate import RemainingTime
+from rlsched.policy.lifecycle import InstanceState
 from rlsched.policy.verify import (
     BatchId,
     BatchState,
@@ -89,6 +91,8 @@ class JobController:
         log: Callable[[str], None] = print,
         out_dir: Path | None = None,
         inbox: Any = None,
+        cluster: ClusterClient | None = None,
+        groups: Sequence[Any] = (),
     ) -> None:
         self.cfg = cfg
         self.log = log
@@ -102,8 +106,12 @@ class JobController:
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.sampling = sampling_params(cfg.sampling, self.template)
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
-        self.group = TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed)
+        # under the cluster scheduler: the training gang's and the workers' placement groups
+        trainer_pg, workers_pg = (groups[0], groups[1]) if groups else (None, None)
+        self.cluster = cluster
+        self.group = TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed, trainer_pg)
         self.fleet = Fleet(cfg, checkpoint, store_path(cfg, out_dir), self.spans, self.clock, log)
+        self.fleet.pg = workers_pg
         for i in range(cfg.rollout.instances):
             self.fleet.add(f"rollout-{i}")
         self.version = 0
@@ -114,7 +122,7 @@ class JobController:
         self.gpu_pool: VerifierPool | None = None
         if v.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
             self.gpu_pool = VerifierPool(
-                v, retries, RemainingTime(), self.spans, self.clock, log, stage="gpu"
+                v, retries, RemainingTime(), self.spans, self.clock, log, stage="gpu", pg=workers_pg
             )
         self.pool = VerifierPool(
             v,
@@ -125,6 +133,7 @@ class JobController:
             log,
             stage="whole" if self.gpu_pool is None else "cpu",
             on_prepared=None if self.gpu_pool is None else self._to_gpu_stage,
+            pg=workers_pg,
         )
         self.fleet.publish(self.group.publish(0))
         self.fleet.reload()
@@ -194,12 +203,36 @@ class JobController:
         return True
 
     def _poll_inbox(self, every_s: float = 1.0) -> None:
-        if self.inbox is None or self.clock() - self._polled < every_s:
+        if self.clock() - self._polled < every_s:
             return
         self._polled = self.clock()
+        self.follow_scheduler()
+        if self.inbox is None:
+            return
         for command in ray.get(self.inbox.take.remote()):
             self.fleet.scale(command)
         self.inbox.report.remote(self.fleet.snapshot())
+
+    def follow_scheduler(self) -> None:
+        """The cluster scheduler's orders: start the elastic instances it granted, give back those it
+        reclaims (preempted: their requests resume elsewhere from saved tokens), stop if told to."""
+        if self.cluster is None:
+            return
+        view = self.cluster.poll()
+        if view["cancel"]:
+            raise JobStopped("cancelled with `rlsched cancel`", preempted=False)
+        if view["stop_in"] is not None:
+            raise JobStopped(f"preempted by the cluster scheduler ({view['why']})", preempted=True)
+        for part in view["release"]:
+            m = self.fleet.members.get(part)
+            if m is not None and m.state not in (InstanceState.RELEASED, InstanceState.PREEMPTED):
+                self.fleet.preempt(m, f"the cluster scheduler reclaims it {view['why']}")
+            self.cluster.released(part)
+        for part, pg in view["parts"].items():
+            if part not in self.fleet.members or self.fleet.members[part].state is InstanceState.RELEASED:
+                self.fleet.members.pop(part, None)
+                self.fleet.add(part, pg=pg)
+                self.log(f"{part} granted by the cluster scheduler; it serves once it has the latest version")
 
     def _to_gpu_stage(
         self,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.rollout import JoinReport, RolloutInstance
 from actors.scale import ScaleCommand
@@ -106,6 +107,7 @@ class Fleet:
         if self.store is not None:
             self.store.reset()  # request ids repeat across runs: start empty
         self.store_path = store_path
+        self.pg: Any = None  # the cluster scheduler's placement group for the static instances
         self.members: dict[str, Member] = {}
         self.latest: PublishedVersion | None = None
         self.pending: deque[GenerationRequest] = deque()
@@ -125,14 +127,20 @@ class Fleet:
 
     # -- membership -----------------------------------------------------------------------------
     def add(
-        self, name: str, transient: TransientInstance | None = None, receiver_gbps: float | None = None
+        self,
+        name: str,
+        transient: TransientInstance | None = None,
+        receiver_gbps: float | None = None,
+        pg: Any = None,
     ) -> Member:
         """A new instance: ALLOCATED now, READY once it has pulled and confirmed the latest version."""
         if name in self.members:
             raise ValueError(f"an instance named {name} already exists")
         r, w = self.cfg.rollout, self.cfg.weights
         gbps = receiver_gbps or (transient.receiver_gbps if transient else None) or w.receiver_gbps
-        handle = RolloutInstance.options(num_cpus=r.cpus_per_instance).remote(
+        group = pg if pg is not None else self.pg
+        where = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group)} if group is not None else {}
+        handle = RolloutInstance.options(num_cpus=r.cpus_per_instance, resources=r.resources, **where).remote(
             name,
             self.checkpoint,
             self.cfg.engine.max_batch,

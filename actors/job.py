@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from actors.cluster import ClusterClient, JobStopped, find_scheduler, job_spec
 from actors.controller import IterationRecord, JobController, commit_record, store_path
 from actors.scale import open_inbox
 from rlsched.config import JobConfig
@@ -149,30 +150,70 @@ def preflight(cfg: JobConfig, out_dir: Path) -> None:
 Tick = Callable[[int, str], None]  # (iteration just committed, its one-line summary)
 
 
+def register(
+    cfg: JobConfig, name: str, queue: str | None, priority: str | None, log: Callable[[str], None]
+) -> ClusterClient | None:
+    """With a cluster scheduler on this cluster, the job's registration (None: it runs alone)."""
+    handle = find_scheduler()
+    if handle is None:
+        if queue or priority:
+            raise UserError(
+                "--queue and --priority need the cluster scheduler, and none runs on this cluster; start "
+                "one with `rlsched admin start FILE --address ADDR`, or leave them out to run alone"
+            )
+        return None
+    if not queue:
+        raise UserError(
+            "this cluster has a scheduler (`rlsched queue` shows it): name the job's queue with --queue"
+        )
+    client = ClusterClient(handle, job_spec(cfg, name, queue, priority or ""))
+    try:
+        client.register()
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    log(f"registered with the cluster scheduler as {name} (queue {queue}); waiting for admission")
+    return client
+
+
 def run_job(
     cfg: JobConfig,
     out_dir: Path,
     address: str | None = None,
     log: Callable[[str], None] = print,
     tick: Tick | None = None,
+    queue: str | None = None,
+    priority: str | None = None,
 ) -> JobReport:
     preflight(cfg, out_dir)
     started = connect(cfg, address)
     controller: JobController | None = None
+    client: ClusterClient | None = None
+    preempted = False
     try:
-        check_capacity(cfg)
+        client = register(cfg, out_dir.name, queue, priority, log)
+        groups = client.wait_admitted(log) if client is not None else []
+        if client is None:
+            check_capacity(cfg)
         t0 = time.monotonic()
         inbox = _open_inbox(out_dir.name)
-        controller = JobController(cfg, log=log, out_dir=out_dir, inbox=inbox)
+        controller = JobController(cfg, log=log, out_dir=out_dir, inbox=inbox, cluster=client, groups=groups)
         log(
             f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
             f"({cfg.trainer.placement_strategy.value}), {cfg.rollout.instances} rollout instances, "
             f"{cfg.verifier.workers} verifier workers, overlap {'on' if cfg.schedule.overlap else 'off'}"
         )
         return _iterate(cfg, controller, out_dir, log, tick)
+    except JobStopped as stop:
+        preempted = stop.preempted
+        if controller is not None and preempted:
+            controller.save_policy(out_dir / "checkpoint")
+            log(f"policy saved at {out_dir / 'checkpoint'}; set model.checkpoint to it to continue")
+        raise
     finally:
         if controller is not None:
             controller.shutdown()
+        if client is not None:
+            client.finished(preempted)
         if started:
             ray.shutdown()
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.verifier import Heartbeat, Stage, VerifierWorker
 from rlsched.config import VerifierConfig
@@ -132,8 +133,10 @@ class VerifierPool:
         log: Callable[[str], None] = print,
         stage: Stage = "whole",
         on_prepared: OnPrepared | None = None,
+        pg: Any = None,
     ) -> None:
         self.cfg, self.retries, self.estimator, self.spans = cfg, retries, estimator, spans
+        self.pg = pg  # the cluster scheduler's placement group its workers start in (None: anywhere)
         self.clock, self.log = clock, log
         if stage == "cpu" and on_prepared is None:
             raise ValueError("a CPU-stage pool needs on_prepared: where its prepared work goes next")
@@ -167,7 +170,11 @@ class VerifierPool:
         gpu = self.stage == "gpu"
         wid = WorkerId(f"{'gpu-' if gpu else ''}verifier-{self._started}")
         self._started += 1
-        options = {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.cfg.cpus_per_worker}
+        options: dict[str, Any] = (
+            {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.cfg.cpus_per_worker}
+        )
+        if self.pg is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
         handle = VerifierWorker.options(**options).remote(wid, self.cfg.kind, self.cfg.delay_s)
         self.slots[wid] = _Slot(handle, SlotState.STARTING)
         self.starting[handle.heartbeat.remote()] = wid

@@ -125,7 +125,7 @@ def _missing_resources(bundles: list[dict[str, float]]) -> str:
 
 def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
     """One placement group for all ranks, or a UserError naming what is missing after the timeout."""
-    bundle: dict[str, float] = {"CPU": cfg.cpus_per_rank}
+    bundle: dict[str, float] = {"CPU": cfg.cpus_per_rank, **cfg.resources}
     if cfg.gpus_per_rank:
         bundle["GPU"] = cfg.gpus_per_rank
     bundles = [dict(bundle) for _ in range(cfg.ranks)]
@@ -147,10 +147,17 @@ class TrainingGroup:
     """Handles to the gang of ranks, created together inside one placement group."""
 
     def __init__(
-        self, cfg: TrainerConfig, grpo: GRPOConfig, weights: WeightsConfig, checkpoint: str | None, seed: int
+        self,
+        cfg: TrainerConfig,
+        grpo: GRPOConfig,
+        weights: WeightsConfig,
+        checkpoint: str | None,
+        seed: int,
+        pg: PlacementGroup | None = None,
     ) -> None:
         self.cfg = cfg
-        self.pg = reserve_gang(cfg)
+        self.owns_pg = pg is None  # the cluster scheduler's group is removed by the scheduler
+        self.pg = reserve_gang(cfg) if pg is None else pg
         self.ranks = [
             TrainerRank.options(
                 num_cpus=cfg.cpus_per_rank,
@@ -186,4 +193,5 @@ class TrainingGroup:
             ray.get(self.ranks[0].shutdown.remote(), timeout=10)
         for r in self.ranks:
             ray.kill(r)
-        remove_placement_group(self.pg)
+        if self.owns_pg:
+            remove_placement_group(self.pg)

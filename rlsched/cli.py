@@ -3,6 +3,9 @@
     rlsched run CONFIG [--address A] [--out D]    run an RL job on Ray (embedded cluster by default)
     rlsched scale JOB [--add N] [--remove NAME]   add or remove rollout instances of a running job
     rlsched admin check FILE                       validate a cluster admin's file, in plain words
+    rlsched admin start FILE | stop                start (stop) the cluster scheduler on a Ray cluster
+    rlsched submit CONFIG --queue Q [--priority P] run a job under the cluster scheduler, detached
+    rlsched queue | status | cancel JOB            pending jobs and why; nodes and jobs; cancel one
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
@@ -56,8 +59,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{cfg.grpo.steps} iterations or {cfg.grpo.time_budget_s:.0f} s); every {cfg.eval.every_steps} "
         f"iterations, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
-    with _progress(cfg.grpo.steps) as tick:
-        report = run_job(cfg, out_dir, address=args.address, log=console.print, tick=tick)
+    from actors.cluster import JobStopped
+
+    try:
+        with _progress(cfg.grpo.steps) as tick:
+            report = run_job(
+                cfg,
+                out_dir,
+                address=args.address,
+                log=console.print,
+                tick=tick,
+                queue=args.queue,
+                priority=args.priority,
+            )
+    except JobStopped as stop:
+        err_console.print(f"stopped: {stop}")
+        return 3
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
         f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
@@ -238,6 +255,157 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def _on_cluster(address: str) -> Iterator[None]:
+    """Connect to the Ray cluster at `address` for one command (the scheduler's namespace)."""
+    import logging
+
+    import ray
+
+    from actors.cluster import NAMESPACE
+
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError) as err:
+        raise UserError(
+            f"no Ray cluster at {address!r} ({err}); start one (`ray start --head`) or pass --address "
+            "host:port of its head node"
+        ) from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _scheduler() -> Any:
+    from actors.cluster import find_scheduler
+
+    handle = find_scheduler()
+    if handle is None:
+        raise UserError(
+            "no cluster scheduler runs on this Ray cluster; start one with `rlsched admin start FILE`"
+        )
+    return handle
+
+
+def cmd_admin_start(args: argparse.Namespace) -> int:
+    from actors.cluster import find_scheduler, start_scheduler
+    from rlsched.admin import admission_params, load_admin
+
+    cfg = load_admin(args.file)
+    defaults = {q: c.default_priority for q, c in cfg.queues.items() if c.default_priority}
+    with _on_cluster(args.address):
+        if find_scheduler() is not None:
+            raise UserError("a cluster scheduler already runs here; `rlsched admin stop` it first")
+        start_scheduler(admission_params(cfg), args.cycle_s, defaults)
+    console.print(
+        f"cluster scheduler started with {args.file} ({len(cfg.queues)} queues, "
+        f"{len(cfg.priority_classes)} priority classes); a cycle every {args.cycle_s:g} s. "
+        "Jobs join it with `rlsched submit` or `rlsched run --queue Q`"
+    )
+    return 0
+
+
+def cmd_admin_stop(args: argparse.Namespace) -> int:
+    from actors.cluster import stop_scheduler
+
+    with _on_cluster(args.address):
+        stopped = stop_scheduler()
+    console.print("cluster scheduler stopped" if stopped else "no cluster scheduler was running")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Start `rlsched run --queue Q` detached, its output in OUT/submit.log; return once registered."""
+    import subprocess
+    import time
+
+    import ray
+
+    from rlsched.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    out_dir: Path = args.out or cfg.run.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _on_cluster(args.address):
+        handle = _scheduler()
+        address = ray.get_runtime_context().gcs_address
+        command = [sys.executable, "-m", "rlsched.cli", "run", str(args.config), "--address", address]
+        command += ["--out", str(out_dir), "--queue", args.queue]
+        command += ["--priority", args.priority] if args.priority else []
+        command += [x for kv in args.set for x in ("--set", kv)]
+        log = out_dir / "submit.log"
+        with log.open("w") as f:
+            proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            view = ray.get(handle.poll.remote(out_dir.name))
+            if view["state"] != "unknown" or proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    if proc.poll() is not None and proc.returncode != 0:
+        raise UserError(
+            f"the job exited at once (status {proc.returncode}); see {log}:\n{log.read_text()[-2000:]}"
+        )
+    console.print(
+        f"submitted {out_dir.name} to queue {args.queue} (pid {proc.pid}, state {view['state']}); output in "
+        f"{log}. `rlsched queue` shows why it waits; `rlsched cancel {out_dir.name}` ends it"
+    )
+    return 0
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    import ray
+
+    with _on_cluster(args.address):
+        rows = ray.get(_scheduler().queue.remote())
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        console.print("no pending jobs")
+    for r in rows:
+        console.print(
+            f"{r['job']}  queue {r['queue']}  {r['priority']}  waiting {r['waiting_s']:.0f} s\n"
+            f"  {r['reason']}"
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import ray
+
+    with _on_cluster(args.address):
+        status = ray.get(_scheduler().status.remote())
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    error = f"; last error: {status['error']}" if status["error"] else ""
+    console.print(f"cluster scheduler: {status['cycles']} admission cycles{error}")
+    for n in status["nodes"]:
+        have = ", ".join(f"{n['free'].get(k, 0):g}/{v:g} {k}" for k, v in sorted(n["capacity"].items()))
+        console.print(f"  node {n['name']}: free {have}")
+    for name, j in status["jobs"].items():
+        where = f" on {', '.join(j['nodes'])}" if j["nodes"] else ""
+        parts = f"; elastic {j['elastic']}" if j["elastic"] else ""
+        why = f": {j['reason']}" if j["reason"] else ""
+        console.print(f"  job {name} [{j['state']}] queue {j['queue']} {j['priority']}{where}{parts}{why}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    import ray
+
+    with _on_cluster(args.address):
+        error = ray.get(_scheduler().cancel.remote(args.job))
+    if error:
+        raise UserError(error)
+    console.print(
+        f"cancel sent to {args.job}: a pending job leaves the queue; a running one stops within a second"
+    )
+    return 0
+
+
 def cmd_admin_check(args: argparse.Namespace) -> int:
     from rlsched.admin import describe, load_admin
 
@@ -259,9 +427,20 @@ def cmd_calc(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from rlsched.config import _read_yaml
     from rlsched.sim.scenario import load_scenario
     from rlsched.simulate import render, run_scenario
 
+    if _read_yaml(args.scenario).get("kind") == "cluster":
+        from rlsched.sim.cluster_scenario import load_cluster_scenario, render_cluster, run_cluster_scenario
+
+        if args.policy or args.out:
+            raise UserError(
+                "--policy and --out apply to job scenarios; a cluster scenario lists its variants"
+            )
+        summary = run_cluster_scenario(load_cluster_scenario(args.scenario, args.set), args.seeds)
+        print(json.dumps(summary) if args.json else render_cluster(summary))
+        return 0
     cfg = load_scenario(args.scenario, args.set)
     policies = args.policy or list(cfg.policies)
     summary = run_scenario(cfg, policies, args.seeds or cfg.seeds, args.out, progress=sys.stderr.isatty())
@@ -337,7 +516,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="join this Ray cluster (host:port or 'auto'); default: start one here")
     run.add_argument("--out", type=Path, help="output directory (default: run.out_dir from the config)")
     run.add_argument("--local", action="store_true", help="run in one process, without Ray")
+    run.add_argument("--queue", help="the cluster scheduler's queue to run in (see `rlsched admin start`)")
+    run.add_argument("--priority", help="its priority class (default: the queue's default)")
     run.set_defaults(func=cmd_run)
+
+    subm = sub.add_parser("submit", help="run a job under the cluster scheduler, detached")
+    subm.add_argument("config", type=Path, help="job config")
+    subm.add_argument("--queue", required=True, help="the scheduler's queue")
+    subm.add_argument("--priority", help="its priority class (default: the queue's default)")
+    subm.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value")
+    subm.add_argument("--out", type=Path, help="output directory; its name is the job's name")
+    subm.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    subm.set_defaults(func=cmd_submit)
+    for name, helptext, func in (
+        ("queue", "pending jobs and the reason each one waits", cmd_queue),
+        ("status", "the scheduler's nodes (free / capacity) and jobs", cmd_status),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.set_defaults(func=func)
+    cancel = sub.add_parser("cancel", help="cancel a pending or running job")
+    cancel.add_argument("job", help="the job's name")
+    cancel.add_argument(
+        "--address", default="auto", help="the Ray cluster (default: the one on this machine)"
+    )
+    cancel.set_defaults(func=cmd_cancel)
 
     gen = sub.add_parser("generate", help="generate a reply with the torch engine")
     gen.add_argument("--prompt", required=True, help="the user message")
@@ -381,6 +585,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path, help="e.g. configs/admin/example.yaml")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.set_defaults(func=cmd_admin_check)
+    start = adm_sub.add_parser("start", help="start the cluster scheduler on a Ray cluster with this file")
+    start.add_argument("file", type=Path, help="e.g. configs/admin/example.yaml")
+    start.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    start.add_argument("--cycle-s", type=float, default=0.5, help="seconds between admission cycles")
+    start.set_defaults(func=cmd_admin_start)
+    stop = adm_sub.add_parser("stop", help="stop the cluster scheduler (its jobs' placement groups go too)")
+    stop.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    stop.set_defaults(func=cmd_admin_stop)
 
     calc = sub.add_parser("calc", help="analytic models: iteration, queue, batch")
     calc_sub = calc.add_subparsers(dest="calc_name", required=True, metavar="NAME")

@@ -113,6 +113,10 @@ class TrainerConfig(_Section):
     gpus_per_rank: float = Field(0.0, ge=0)
     placement_strategy: PlacementStrategy = PlacementStrategy.STRICT_PACK
     placement_timeout_s: float = Field(30.0, gt=0, description="wait this long for the gang, then fail")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="more resources each rank's bundle reserves, e.g. a device type {H100: 1}",
+    )
 
 
 class Leave(StrEnum):
@@ -155,6 +159,12 @@ class RolloutConfig(_Section):
         16, ge=1, description="requests handed to an instance at a time; a joiner takes from what is left"
     )
     transient: list[TransientInstance] = Field(default_factory=list)
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="more resources each instance reserves, e.g. a device type"
+    )
+    elastic: int = Field(
+        0, ge=0, description="instances asked of the cluster scheduler where room is left, taken back first"
+    )
     resume_setup_s: float = Field(0.0, ge=0, description="what resuming costs beyond the prefill")
     prefill_tokens_per_s: float = Field(2000.0, gt=0, description="for the resume-or-restart choice")
     decode_tokens_per_s: float = Field(200.0, gt=0, description="for the resume-or-restart choice")

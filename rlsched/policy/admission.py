@@ -37,6 +37,7 @@ Pure: no clock but `now`, nothing mutated.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ from rlsched.policy.placement import (
     Node,
     Placement,
     Resources,
+    Strategy,
     Unplaceable,
     add,
     fits,
@@ -97,6 +99,7 @@ class PendingJob:
     submitted: float
     gangs: tuple[Gang, ...]  # all placed together or none (the training gang, the verifier pool ...)
     elastic: tuple[Resources, ...] = ()  # rollout instances: placed where room is left, preempted first
+    yield_to: str | None = None  # evicted for this job: waits while it does (its capacity is for it)
 
 
 @dataclass(frozen=True)
@@ -204,27 +207,37 @@ def starving(job: PendingJob, now: float, params: AdmissionParams) -> bool:
 
 
 def order(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> list[PendingJob]:
-    """Jobs that fit their queue's nominal quota before jobs that must borrow (the nominal quota is a
-    guarantee: what a queue reclaims goes to it, not back to the borrower it took it from), then
-    within each, starving jobs first, then priority, then (DRF) the smallest weighted dominant
-    share, then arrival."""
+    """Each queue's jobs in their own order (starving first, then priority, then arrival); the queues'
+    heads taken in turn as Kueue takes them: a head that fits its queue's nominal quota before one
+    that must borrow (the nominal quota is a guarantee: what a queue reclaims goes to it, not back to
+    the borrower it took it from), then starving first, then priority, then (DRF) the queue with the
+    smallest weighted dominant share, then arrival. Within a queue the order stays, so a
+    higher-priority job that borrows is not overtaken by the lower-priority jobs it preempts."""
     cap = capacity_of(snapshot.nodes)
     usage = usage_by_queue(snapshot.running)
     weighed = usage if snapshot.history is None else snapshot.history
 
-    def key(job: PendingJob) -> tuple[bool, bool, int, float, float, str]:
+    def own(job: PendingJob) -> tuple[bool, int, float, str]:
+        return (not starving(job, now, params), -params.classes[job.priority].value, job.submitted, job.name)
+
+    def across(job: PendingJob) -> tuple[bool, bool, int, float, float, str]:
         q = params.queues[job.queue]
         share = dominant_share(weighed.get(job.queue, {}), cap, q.weight) if params.drf else 0.0
-        return (
-            bool(over(add(usage.get(job.queue, {}), demand(job)), q.nominal)),
-            not starving(job, now, params),
-            -params.classes[job.priority].value,
-            share,
-            job.submitted,
-            job.name,
-        )
+        borrows = bool(over(add(usage.get(job.queue, {}), demand(job)), q.nominal))
+        return (borrows, *own(job)[:2], share, job.submitted, job.name)
 
-    return sorted(snapshot.pending, key=key)
+    queues: dict[str, list[PendingJob]] = {}
+    for job in sorted(snapshot.pending, key=own, reverse=True):  # each list's head at its end
+        queues.setdefault(job.queue, []).append(job)
+    heads = [(across(jobs[-1]), q) for q, jobs in queues.items()]
+    heapq.heapify(heads)
+    out = []
+    while heads:
+        _, q = heapq.heappop(heads)
+        out.append(queues[q].pop())
+        if queues[q]:
+            heapq.heappush(heads, (across(queues[q][-1]), q))
+    return out
 
 
 # -- quotas ------------------------------------------------------------------------------------------
@@ -295,15 +308,21 @@ def place_all(
     free: Mapping[str, Resources],
     params: AdmissionParams,
     keep: Resources | None = None,
+    able_by_kind: dict[frozenset[str], list[Node]] | None = None,
 ) -> tuple[list[Placement], dict[str, Resources]] | str:
     """Every gang placed in turn on what the earlier ones left, or the first blocker in words; with
-    `keep`, only if that much still fits on one node afterwards (the reserve)."""
+    `keep`, only if that much still fits on one node afterwards (the reserve). `able_by_kind`
+    remembers, within one admission cycle, which nodes have each set of resources."""
     left = dict(free)  # shallow: entries are replaced, never mutated
     placements = []
     for gang in job.gangs:
         # only nodes that have every resource each bundle asks for can take any of them
-        common = set.intersection(*({k for k, v in b.items() if v > 0} for b in gang.bundles))
-        able = [n for n in nodes if all(n.capacity.get(k, 0.0) > 0 for k in common)]
+        common = frozenset.intersection(*(frozenset(k for k, v in b.items() if v > 0) for b in gang.bundles))
+        able = None if able_by_kind is None else able_by_kind.get(common)
+        if able is None:
+            able = [n for n in nodes if all(n.capacity.get(k, 0.0) > 0 for k in common)]
+            if able_by_kind is not None:
+                able_by_kind[common] = able
         got = place(gang, able, left, params.device_types)
         if isinstance(got, Unplaceable):  # the reason looks at every node
             got = Unplaceable(why_not(gang, nodes, left, params.device_types))
@@ -412,6 +431,7 @@ def choose_victims(
     free: Mapping[str, Resources],
     usage: Mapping[str, Resources],
     keep: Resources | None = None,
+    able_by_kind: dict[frozenset[str], list[Node]] | None = None,
 ) -> list[_Candidate] | None:
     """Candidates taken in order until `job` fits its queue's quota and every gang of it can be
     placed (None: not even all of them would do)."""
@@ -437,7 +457,7 @@ def choose_victims(
             used[cand.job.queue] = minus(used.get(cand.job.queue, {}), res)
         chosen.append(cand)
         quota_ok = quota_check(job, params, used)[0] is not None
-        if quota_ok and not isinstance(place_all(job, snapshot.nodes, left, params, keep), str):
+        if quota_ok and not isinstance(place_all(job, snapshot.nodes, left, params, keep, able_by_kind), str):
             return chosen
     return None
 
@@ -490,6 +510,7 @@ def _reserve(
     victims: Sequence[_Candidate],
     params: AdmissionParams,
     keep: Resources | None = None,
+    able_by_kind: dict[frozenset[str], list[Node]] | None = None,
 ) -> dict[str, Resources]:
     """What stays free for later jobs once `victims` are gone and `job` has taken its place."""
     after = dict(coming)
@@ -497,7 +518,7 @@ def _reserve(
         for node, res in v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic):
             if node in after:
                 after[node] = add(after[node], res)
-    placed = place_all(job, nodes, after, params, keep)
+    placed = place_all(job, nodes, after, params, keep, able_by_kind)
     return after if isinstance(placed, str) else placed[1]
 
 
@@ -522,6 +543,15 @@ def _shape(job: PendingJob, keep: Resources | None) -> tuple[object, ...]:
         for g in job.gangs
     )
     return (gangs, tuple(sorted((keep or {}).items())))
+
+
+def _too_big(job: PendingJob, biggest: Mapping[str, float]) -> bool:
+    """Whether some bundle, or a STRICT_PACK gang as a whole, asks more than the largest node has."""
+    for g in job.gangs:
+        wholes = [*g.bundles, g.total()] if g.strategy is Strategy.STRICT_PACK else list(g.bundles)
+        if any(v > biggest.get(k, 0.0) + _EPS for b in wholes for k, v in b.items() if v > 0):
+            return True
+    return False
 
 
 def _reserve_left(running: Sequence[RunningJob], params: AdmissionParams) -> dict[str, float]:
@@ -550,9 +580,29 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
     reserve = _reserve_left(snapshot.running, params)
     usage_later = _usage_coming(usage, snapshot)  # each queue's usage then, with what is promised
     blocked_by_starving = False
+    empty = {n.name: n.capacity for n in snapshot.nodes}
+    biggest: dict[str, float] = {}  # per resource, the most any one node has
+    for n in snapshot.nodes:
+        for k, amount in n.capacity.items():
+            biggest[k] = max(biggest.get(k, 0.0), amount)
+    waiting = {j.name for j in snapshot.pending}
+    able: dict[frozenset[str], list[Node]] = {}  # nodes that have each set of resources
+    never: dict[tuple[object, ...], str] = {}  # shapes that fit not even the empty cluster
     for job in order(snapshot, now, params):
         if blocked_by_starving and not starving(job, now, params):
             decisions.append(Wait(job.name, "a job past its maximum wait goes first; its resources are held"))
+            continue
+        if job.yield_to is not None and job.yield_to in waiting:
+            decisions.append(Wait(job.name, f"preempted for {job.yield_to}, which starts first"))
+            continue
+        bare = _shape(job, None)
+        if bare not in never:  # the full check only when a bundle or a packed gang exceeds every node
+            fits_empty = (
+                place_all(job, snapshot.nodes, empty, params, None, able) if _too_big(job, biggest) else ()
+            )
+            never[bare] = fits_empty if isinstance(fits_empty, str) else ""
+        if never[bare]:  # the real blocker, whatever the quotas say
+            decisions.append(Wait(job.name, f"it cannot run on this cluster even when idle: {never[bare]}"))
             continue
         over_quota = (job.queue, tuple(sorted(demand(job).items())))
         if over_quota in refused:  # usage only grows within a cycle: refused now, refused again
@@ -568,7 +618,7 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
         elif shape in failed:
             placed = failed[shape]
         else:
-            placed = place_all(job, snapshot.nodes, free, params, keep)
+            placed = place_all(job, snapshot.nodes, free, params, keep, able)
             if isinstance(placed, str):
                 failed[shape] = placed
         if isinstance(placed, str):
@@ -597,7 +647,7 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
         elif not (snapshot.evicting or evicting) or shape in failed_later:
             later = failed_later.get(shape, why)  # nothing is being freed: `coming` is `free`
         else:
-            later = place_all(job, snapshot.nodes, coming, params, keep)
+            later = place_all(job, snapshot.nodes, coming, params, keep, able)
             if isinstance(later, str):
                 failed_later[shape] = later
         if not isinstance(later, str):  # the evictions already under way make room for it
@@ -608,12 +658,19 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
         else:
             running = tuple(r for r in snapshot.running if r.name not in evicting)
             victims = choose_victims(
-                job, ClusterSnapshot(snapshot.nodes, running, ()), now, params, coming, usage_later, keep
+                job,
+                ClusterSnapshot(snapshot.nodes, running, ()),
+                now,
+                params,
+                coming,
+                usage_later,
+                keep,
+                able,
             )
             if victims is None:
                 decisions.append(Wait(job.name, why))
             else:
-                after = _reserve(job, snapshot.nodes, coming, victims, params, keep)
+                after = _reserve(job, snapshot.nodes, coming, victims, params, keep, able)
                 free = _hold(free, coming, after)
                 coming = after
                 usage_later[job.queue] = add(usage_later.get(job.queue, {}), demand(job))

@@ -92,7 +92,7 @@ def place(
     `device_types` the resources that name accelerators (for the reason, when it does not fit)."""
     if not gang.bundles:
         return Placement(())
-    eligible = [n for n in nodes if matches(n, gang.selector)]
+    eligible = [n for n in nodes if matches(n, gang.selector)] if gang.selector else nodes
     chosen: list[str] | None
     if gang.strategy is Strategy.STRICT_PACK:
         chosen = _one_node(gang, eligible, free)
@@ -212,7 +212,7 @@ def why_not(
     if missing:
         have = sorted({k for n in nodes for k, v in n.capacity.items() if v > 0})
         return f"{head}; no node has {', '.join(missing)} (the cluster has: {', '.join(have)})"
-    eligible = [n for n in nodes if matches(n, gang.selector)]
+    eligible = [n for n in nodes if matches(n, gang.selector)] if gang.selector else nodes
     if not eligible:
         labels = ", ".join(f"{k}={v}" for k, v in gang.selector.items())
         return f"{head}; no node carries the labels {labels}"

@@ -63,12 +63,13 @@ class _Live:
 
 @dataclass
 class ClusterRun:
-    allocation: float = 0.0  # time-weighted share of devices allocated
+    allocation: float = 0.0  # time-weighted share of devices allocated, until the last arrival
     makespan: float = 0.0
     waits: dict[str, list[float]] = field(default_factory=dict)  # per class: arrival to first start
     completions: dict[str, list[float]] = field(default_factory=dict)  # per class: arrival to finish
     preemptions: int = 0
     grown: int = 0  # elastic parts given back to running jobs
+    allocation_series: list[float] = field(default_factory=list)  # share allocated, per bucket_s
     jain: float = 1.0  # time-weighted Jain's index over queues' weighted dominant shares
     unfinished: int = 0
 
@@ -80,8 +81,13 @@ class ClusterSim:
         params: AdmissionParams,
         trace: Sequence[TraceJob],
         devices: Sequence[str],
+        bucket_s: float = 3600.0,
     ) -> None:
         self.sim = Simulator(0)
+        self.bucket_s = bucket_s
+        self._buckets: list[float] = []  # device-share x seconds, per bucket
+        # allocation is measured while jobs arrive (to the last arrival), not over the drain after it
+        self.horizon_s = max((t.job.submitted for t in trace), default=0.0)
         self.nodes, self.params, self.devices = tuple(nodes), params, tuple(devices)
         self.capacity = add(*(n.capacity for n in self.nodes))
         self.jobs = {t.job.name: _Live(t, t.work_s, submitted=t.job.submitted) for t in trace}
@@ -104,7 +110,11 @@ class ClusterSim:
         if dt > 0:
             used = add(*(r.usage() for r in self._running()))
             total = sum(self.capacity.get(d, 0.0) for d in self.devices)
-            self._alloc_s += dt * (sum(used.get(d, 0.0) for d in self.devices) / total if total else 0.0)
+            share = sum(used.get(d, 0.0) for d in self.devices) / total if total else 0.0
+            self._alloc_s += (
+                max(0.0, min(self.sim.now, self.horizon_s) - min(self._last, self.horizon_s)) * share
+            )
+            self._spread(self._last, self.sim.now, share)
             shares = []
             for q, qp in self.params.queues.items():
                 usage = add(*(r.usage() for r in self._running() if r.queue == q))
@@ -114,6 +124,17 @@ class ClusterSim:
                 now_usage = usage_by_queue(self._running())
                 self._history = decay_usage(self._history, now_usage, dt, self.params.usage_half_life_s)
         self._last = self.sim.now
+
+    def _spread(self, start: float, end: float, share: float) -> None:
+        """Add `share` over [start, end) to the time buckets it covers."""
+        t = start
+        while t < end:
+            k = int(t // self.bucket_s)
+            while len(self._buckets) <= k:
+                self._buckets.append(0.0)
+            stop = min(end, (k + 1) * self.bucket_s)
+            self._buckets[k] += (stop - t) * share
+            t = stop
 
     # -- events ---------------------------------------------------------------------------------------
     def _arrive(self, name: str) -> None:
@@ -164,6 +185,9 @@ class ClusterSim:
     def _start(self, d: Admit) -> None:
         live = self.jobs[d.job]
         job = self.pending.pop(d.job)
+        for n, other in self.pending.items():  # those evicted for it may start again
+            if other.yield_to == d.job:
+                self.pending[n] = replace(other, yield_to=None)
         allocs = tuple(
             (node, b)
             for g, pl in zip(job.gangs, d.placements, strict=True)
@@ -207,9 +231,9 @@ class ClusterSim:
             return
         live.evicting, live.evicting_elastic = True, d.elastic_only
         self.run.preemptions += 1
-        self.sim.after(d.grace_s, partial(self._evicted, d.job, d.elastic_only, live.started))
+        self.sim.after(d.grace_s, partial(self._evicted, d.job, d.elastic_only, live.started, d.for_job))
 
-    def _evicted(self, name: str, elastic_only: bool, started: float) -> None:
+    def _evicted(self, name: str, elastic_only: bool, started: float, for_job: str) -> None:
         live = self.jobs[name]
         live.evicting = False
         if live.running is None or live.started != started:
@@ -225,7 +249,7 @@ class ClusterSim:
         live.left_s = max(live.left_s - saved, 0.0)
         live.running = None
         live.preempted += 1
-        self.pending[name] = live.trace.job
+        self.pending[name] = replace(live.trace.job, yield_to=for_job)
         self._cycle()
 
     def simulate(self) -> ClusterRun:
@@ -233,9 +257,12 @@ class ClusterSim:
         self._advance()
         self.run.makespan = self.sim.now
         if self.sim.now > 0:
-            self.run.allocation = self._alloc_s / self.sim.now
+            self.run.allocation = self._alloc_s / self.horizon_s if self.horizon_s > 0 else 0.0
             self.run.jain = self._jain_s / self.sim.now
         self.run.unfinished = sum(1 for j in self.jobs.values() if j.left_s > 0)
+        self.run.allocation_series = [
+            b / min(self.bucket_s, self.sim.now - k * self.bucket_s) for k, b in enumerate(self._buckets)
+        ]
         return self.run
 
 

@@ -320,3 +320,39 @@ def test_admin_check_bad_files(tmp_path: Path, change: str, needles: list[str]) 
     path = tmp_path / "admin.yaml"
     path.write_text(yaml.safe_dump(tree))
     assert_user_error(rlsched("admin", "check", str(path)), *needles)
+
+
+def test_simulate_a_cluster_scenario_compares_its_variants() -> None:
+    proc = rlsched(
+        "simulate", "configs/scenarios/cluster.yaml", "--set", "hours=4", "--set", "seeds=1", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    results = summary["results"]
+    assert list(results)[:2] == ["gangs only", "gangs + borrowers (drf)"]
+    alone, shared = results["gangs only"], results["gangs + borrowers (drf)"]
+    assert shared["allocation"] > alone["allocation"] and alone["unfinished"] == shared["unfinished"] == 0
+    assert summary["max_wait_s"]["training"] == 43200 and "batch_wait_mean_s" not in alone
+    assert all(0.0 <= x <= 1.0 + 1e-9 for x in shared["allocation_series"])
+    table = rlsched("simulate", "configs/scenarios/cluster.yaml", "--set", "hours=2", "--set", "seeds=1")
+    assert "training wait mean / max (bound)" in table.stdout and "allocated % over time" in table.stdout
+
+
+def test_simulate_a_cluster_scenario_from_a_job_log(tmp_path: Path) -> None:
+    log = tmp_path / "jobs.csv"
+    log.write_text(
+        "submit_s,duration_s,devices,queue,priority,elastic\n"
+        "0,3600,64,team-a,training,0\n10,600,8,spot,batch,2\n20,1800,128,team-b,training,0\n"
+    )
+    scenario = tmp_path / "log.yaml"
+    scenario.write_text(
+        f"kind: cluster\nadmin: {ROOT / 'configs/admin/gpu_farm.yaml'}\ntrace: jobs.csv\nseeds: 1\n"
+    )
+    proc = rlsched("simulate", str(scenario), "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)["results"]["as configured"]
+    assert r["unfinished"] == 0 and r["training_wait_max_s"] >= 3600 - 20  # the 128-GPU job waits for the 64
+    log.write_text("when,how_long\n1,2\n")
+    assert_user_error(rlsched("simulate", str(scenario)), "cannot read the job log", "submit_s,duration_s")
+    scenario.write_text("kind: cluster\nadmin: ../nope.yaml\nstreams: []\n")
+    assert_user_error(rlsched("simulate", str(scenario)), "give streams")

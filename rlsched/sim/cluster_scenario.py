@@ -1,0 +1,223 @@
+"""Multi-job cluster scenarios for `rlsched simulate` (`kind: cluster`): an admin file's nodes, classes
+and queues, a job arrival trace (synthetic streams and/or a CSV job log), and variants to compare
+(fairness order, borrowing within the cohort, which streams take part), run through the cluster
+simulator (`rlsched.sim.cluster`, the admission policy the runtime uses) over several seeds.
+
+Reported per variant, as means over seeds: the share of devices allocated (overall and per
+`bucket_s` of virtual time), each class's queueing delay (mean, maximum, and the class's maximum
+wait it is held against) and completion time, preemptions, elastic parts given back, Jain's index
+over the queues' weighted dominant shares, and jobs left unfinished.
+
+The CSV job log has one row per job with the columns `submit_s,duration_s,devices,queue,priority`
+and optionally `elastic` (elastic parts of one device each): the shape public GPU cluster traces
+(Philly, Helios, Alibaba PAI) reduce to once their jobs are mapped to queues and classes. No public
+trace ships with the project; the synthetic generator stands in, and says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from rlsched.admin import AdminConfig, FairnessPolicy, admission_params, load_admin
+from rlsched.config import _load, _Section
+from rlsched.errors import UserError
+from rlsched.policy.admission import PendingJob
+from rlsched.policy.placement import Gang, Node
+from rlsched.sim.cluster import ClusterSim, TraceClass, TraceJob, summarise, synthetic_trace
+
+
+class StreamConfig(_Section):
+    """Jobs of one class from one queue: Poisson arrivals, gang sizes, lognormal run times."""
+
+    name: str = Field(min_length=1)
+    priority: str = Field(description="a priority class of the admin file")
+    queue: str
+    rate_per_h: float = Field(gt=0)
+    devices: list[int] = Field(min_length=1, description="a job's gang size in devices, drawn uniformly")
+    mean_work_s: float = Field(gt=0)
+    sigma: float = Field(1.0, ge=0)
+    device: str = "GPU"
+    cpus_per_device: float = Field(4.0, ge=0)
+    per_node: int = Field(8, ge=1, description="devices per bundle (one node's worth)")
+    elastic: int = Field(0, ge=0, description="elastic parts per job, one device each")
+    save_every_s: float = Field(600.0, gt=0)
+
+    @field_validator("devices")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(d < 1 for d in v):
+            raise ValueError("every gang size must be at least 1 device")
+        return v
+
+
+class VariantConfig(_Section):
+    name: str = Field(min_length=1)
+    fairness: FairnessPolicy | None = Field(None, description="unset: the admin file's")
+    borrow_within_cohort: bool | None = None
+    streams: list[str] | None = Field(None, description="streams that take part (unset: all)")
+
+
+class ClusterScenarioConfig(_Section):
+    kind: Literal["cluster"]
+    admin: Path = Field(description="the admin file (nodes, classes, queues); relative to this file")
+    hours: float = Field(24.0, gt=0, description="hours of synthetic arrivals")
+    seeds: int = Field(3, ge=1)
+    devices: list[str] = Field(default_factory=lambda: ["GPU"], description="resources counted as devices")
+    bucket_s: float = Field(3600.0, gt=0, description="the allocation-over-time resolution")
+    streams: list[StreamConfig] = Field(default_factory=list)
+    trace: Path | None = Field(None, description="a CSV job log (see the module docstring)")
+    trace_device: str = "GPU"
+    variants: list[VariantConfig] = Field(default_factory=lambda: [VariantConfig(name="as configured")])
+
+    @field_validator("admin", "trace")
+    @classmethod
+    def _relative(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        base = (info.context or {}).get("base_dir")
+        return v if v is None or v.is_absolute() or base is None else Path(base) / v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterScenarioConfig:
+        if not self.streams and self.trace is None:
+            raise ValueError("give streams (a synthetic trace), a trace file, or both")
+        names = {s.name for s in self.streams}
+        for v in self.variants:
+            unknown = [s for s in v.streams or [] if s not in names]
+            if unknown:
+                raise ValueError(
+                    f"variants.{v.name}.streams names {unknown[0]!r}, not a stream ({sorted(names)})"
+                )
+        return self
+
+
+def load_cluster_scenario(path: Path | str, overrides: list[str] | None = None) -> ClusterScenarioConfig:
+    cfg = _load(ClusterScenarioConfig, path, overrides)
+    admin = load_admin(cfg.admin)
+    if not admin.nodes:
+        raise UserError(f"{cfg.admin}: a cluster scenario needs the admin file's `nodes` inventory")
+    for s in cfg.streams:
+        if s.priority not in admin.priority_classes:
+            raise UserError(f"streams.{s.name}.priority {s.priority!r} is not a class of {cfg.admin}")
+        if s.queue not in admin.queues:
+            raise UserError(f"streams.{s.name}.queue {s.queue!r} is not a queue of {cfg.admin}")
+    return cfg
+
+
+def nodes_of(admin: AdminConfig) -> list[Node]:
+    return [
+        Node(f"{g.name}-{i}" if g.count > 1 else g.name, dict(g.resources), dict(g.labels))
+        for g in admin.nodes
+        for i in range(g.count)
+    ]
+
+
+def load_trace_csv(
+    path: Path, device: str, cpus_per_device: float = 4.0, per_node: int = 8
+) -> list[TraceJob]:
+    """Jobs of a CSV job log (`submit_s,duration_s,devices,queue,priority[,elastic]`)."""
+    out = []
+    try:
+        with path.open(newline="") as f:
+            for k, row in enumerate(csv.DictReader(f)):
+                n = int(row["devices"])
+                bundles = [min(per_node, n - i) for i in range(0, n, per_node)] or [0]
+                gang = Gang(tuple({device: float(b), "CPU": cpus_per_device * max(b, 1)} for b in bundles))
+                elastic = tuple(
+                    {device: 1.0, "CPU": cpus_per_device} for _ in range(int(row.get("elastic") or 0))
+                )
+                job = PendingJob(
+                    f"{row['queue']}/trace-{k}",
+                    row["queue"],
+                    row["priority"],
+                    float(row["submit_s"]),
+                    (gang,),
+                    elastic,
+                )
+                out.append(TraceJob(job, float(row["duration_s"])))
+    except (OSError, KeyError, ValueError) as err:
+        raise UserError(
+            f"cannot read the job log {path}: {err!r}; it needs a header row with "
+            "submit_s,duration_s,devices,queue,priority (and optionally elastic)"
+        ) from None
+    return out
+
+
+def _trace(cfg: ClusterScenarioConfig, streams: list[StreamConfig], seed: int) -> list[TraceJob]:
+    jobs: list[TraceJob] = []
+    for k, s in enumerate(streams):
+        cls = TraceClass(
+            s.priority, s.queue, s.rate_per_h, tuple(s.devices), s.mean_work_s, s.sigma, s.device,
+            s.cpus_per_device, s.per_node,
+        )  # fmt: skip
+        for t in synthetic_trace([cls], cfg.hours, seed * 1000 + k):
+            name = f"{s.name}/{t.job.name.rsplit('-', 1)[1]}"
+            parts = tuple({s.device: 1.0, "CPU": s.cpus_per_device} for _ in range(s.elastic))
+            jobs.append(TraceJob(replace(t.job, name=name, elastic=parts), t.work_s, s.save_every_s))
+    if cfg.trace is not None:
+        jobs += load_trace_csv(cfg.trace, cfg.trace_device)
+    return sorted(jobs, key=lambda j: j.job.submitted)
+
+
+def run_cluster_scenario(cfg: ClusterScenarioConfig, seeds: int | None = None) -> dict[str, Any]:
+    admin = load_admin(cfg.admin)
+    nodes = nodes_of(admin)
+    base = admission_params(admin)
+    seeds = seeds or cfg.seeds
+    results: dict[str, Any] = {}
+    for v in cfg.variants:
+        params = base
+        if v.fairness is not None:
+            params = replace(params, drf=v.fairness is FairnessPolicy.DRF)
+        if v.borrow_within_cohort is not None:
+            params = replace(params, borrow_within_cohort=v.borrow_within_cohort)
+        streams = [s for s in cfg.streams if v.streams is None or s.name in v.streams]
+        per_seed, series = [], []
+        for seed in range(seeds):
+            run = ClusterSim(nodes, params, _trace(cfg, streams, seed), cfg.devices, cfg.bucket_s).simulate()
+            per_seed.append(summarise(run) | {"grown": float(run.grown)})
+            series.append(run.allocation_series)
+        keys = sorted(set().union(*per_seed))
+        length = max(len(s) for s in series)
+        results[v.name] = {k: sum(s.get(k, math.nan) for s in per_seed) / seeds for k in keys} | {
+            "allocation_series": [
+                sum(s[i] for s in series if i < len(s)) / sum(1 for s in series if i < len(s))
+                for i in range(length)
+            ]
+        }
+    bounds = {n: c.max_wait_s for n, c in admin.priority_classes.items()}
+    return {"scenario": cfg.model_dump(mode="json"), "seeds": seeds, "max_wait_s": bounds, "results": results}
+
+
+def render_cluster(summary: dict[str, Any]) -> str:
+    classes = sorted(summary["max_wait_s"])
+    header = ["variant", "allocated", "preemptions", "regrown", "Jain", "unfinished"]
+    header += [f"{c} wait mean / max (bound)" for c in classes] + [f"{c} completion" for c in classes]
+    rows = [header]
+    for name, r in summary["results"].items():
+        cells = [name, f"{100 * r['allocation']:.1f}%", f"{r['preemptions']:.1f}", f"{r['grown']:.1f}"]
+        cells += [f"{r['jain']:.3f}", f"{r['unfinished']:.1f}"]
+        for c in classes:
+            bound = summary["max_wait_s"][c]
+            if f"{c}_wait_mean_s" in r and not math.isnan(r[f"{c}_wait_mean_s"]):
+                b = f"{bound:,.0f}" if bound else "none"
+                cells.append(f"{r[f'{c}_wait_mean_s']:,.0f} / {r[f'{c}_wait_max_s']:,.0f} ({b})")
+            else:
+                cells.append("-")
+        for c in classes:
+            done = r.get(f"{c}_completion_mean_s", math.nan)
+            cells.append("-" if math.isnan(done) else f"{done:,.0f}")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append(f"seconds; means over {summary['seeds']} seeds; allocated = share of devices, time-weighted")
+    for name, r in summary["results"].items():
+        series = r["allocation_series"]
+        if series:
+            spark = " ".join(f"{100 * x:.0f}" for x in series[:: max(1, len(series) // 24)])
+            lines.append(f"{name}: allocated % over time: {spark}")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""The cluster scheduler's bookkeeping without Ray: registration errors, cancel, the queue view, and
+a job config's demand (gangs and elastic parts). Placement groups are exercised by
+tests/e2e/test_cluster_ray.py on a real three-node Ray cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actors.cluster import JobSpec, JobState, Scheduler, job_spec
+from rlsched.admin import admission_params, load_admin
+from rlsched.config import load_config
+from rlsched.policy.placement import Gang, Strategy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scheduler() -> Scheduler:
+    admin = load_admin(ROOT / "configs/admin/lab.yaml")
+    return Scheduler(admission_params(admin), defaults={"research": "low"})
+
+
+def spec(name: str = "j", queue: str = "research", priority: str = "") -> JobSpec:
+    return JobSpec(name, queue, priority, (Gang(({"CPU": 1.0},)),))
+
+
+def test_registration_names_what_is_wrong() -> None:
+    s = scheduler()
+    assert "queue 'nope' is not defined (queues: research)" in s.submit(spec(queue="nope"))
+    assert "priority class 'urgent' is not defined (classes: high, low)" in s.submit(spec(priority="urgent"))
+    assert s.submit(spec()) == ""
+    assert s.jobs["j"].spec.priority == "low"  # the queue's default class
+    assert "already pending" in s.submit(spec())
+    assert s.poll("j")["state"] == "pending" and s.poll("other") == {"state": "unknown"}
+
+
+def test_cancel_a_pending_job_and_the_queue_view() -> None:
+    s = scheduler()
+    s.submit(spec("a"))
+    s.submit(spec("b", priority="high"))
+    assert [r["job"] for r in s.queue()] == ["a", "b"]
+    assert s.cancel("a") == "" and s.jobs["a"].state is JobState.CANCELLED
+    assert [r["job"] for r in s.queue()] == ["b"]
+    assert "no pending or running job named 'a' (live: b)" in s.cancel("a")
+    assert s.submit(spec("a")) == ""  # a finished name may be used again
+
+
+def test_a_job_configs_demand() -> None:
+    cfg = load_config(ROOT / "configs/jobs/shared.yaml")
+    got = job_spec(cfg, "shared", "research", "low")
+    trainer, workers = got.gangs
+    assert trainer == Gang(({"CPU": 1.0, "H100": 1.0},) * 2, Strategy.STRICT_PACK)
+    assert workers.bundles == ({"CPU": 1.0, "A100": 1.0}, {"CPU": 0.5}) and workers.strategy is Strategy.PACK
+    assert got.elastic == ({"CPU": 1.0, "A100": 1.0},)
+
+
+def test_a_running_job_whose_driver_is_gone_gives_everything_back() -> None:
+    s = scheduler()
+    s.submit(spec("gone"))
+    s.submit(spec("here"))
+    for name in ("gone", "here"):
+        s.jobs[name].to(JobState.RUNNING)
+        s.jobs[name].started = 1000.0
+    s.reap({"here"}, now=1030.0)  # within a minute of its start: still starting up
+    assert s.jobs["gone"].state is JobState.RUNNING
+    s.reap({"here"}, now=1100.0)
+    assert s.jobs["gone"].state is JobState.PREEMPTED and "driver is gone" in s.jobs["gone"].reason
+    assert s.jobs["here"].state is JobState.RUNNING
