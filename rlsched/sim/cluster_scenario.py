@@ -214,7 +214,9 @@ def render_cluster(summary: dict[str, Any]) -> str:
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.append(f"seconds; means over {summary['seeds']} seeds; allocated = share of devices, time-weighted")
+    lines.append(
+        f"seconds; means over {summary['seeds']} seeds; allocated = share of devices until the last arrival"
+    )
     for name, r in summary["results"].items():
         series = r["allocation_series"]
         if series:

@@ -15,14 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
 TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
 TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
-SCENARIO_FILES = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
+ALL_SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
+CLUSTER_SCENARIOS = [p for p in ALL_SCENARIOS if "\nkind: cluster" in "\n" + p.read_text()]
+SCENARIO_FILES = [p for p in ALL_SCENARIOS if p not in CLUSTER_SCENARIOS]
 SCENARIO_DATA = sorted((ROOT / "configs" / "scenarios" / "data").glob("*"))
 ADMIN_FILES = sorted((ROOT / "configs" / "admin").glob("*.yaml"))
 ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file())
 
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
-    loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(SCENARIO_FILES) | set(ADMIN_FILES)
+    loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(ALL_SCENARIOS) | set(ADMIN_FILES)
     assert set(ALL_CONFIG_FILES) == loaders | set(SCENARIO_DATA)
 
 
@@ -45,6 +47,14 @@ def test_scenario_files_load(path: Path) -> None:
 
     scenario = load_scenario(path)
     assert scenario.jobs and all(job.iterations >= 1 for job in scenario.jobs)
+
+
+@pytest.mark.parametrize("path", CLUSTER_SCENARIOS, ids=lambda p: p.name)
+def test_cluster_scenario_files_load(path: Path) -> None:
+    from rlsched.sim.cluster_scenario import load_cluster_scenario
+
+    scenario = load_cluster_scenario(path)
+    assert scenario.streams or scenario.trace is not None
 
 
 @pytest.mark.parametrize("path", ADMIN_FILES, ids=lambda p: p.name)
