@@ -104,6 +104,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             lambda: (v := ray.get(scheduler.poll.remote("eval")))["state"] == "running" and v, "eval to start"
         )
         seen["eval_wait_s"] = time.monotonic() - asked
+        print(f"eval admitted {seen['eval_wait_s']:.1f} s after it asked (grace 10 s)")
         (pg,) = view["gangs"]
         seen["eval_nodes"] = set(ray.util.placement_group_table(pg)["bundles_to_node_id"].values())
         seen["queue"] = rlsched("queue", "--address", address)
