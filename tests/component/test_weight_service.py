@@ -108,7 +108,7 @@ def test_no_version_published_yet_is_a_clear_refusal(service: WeightService) -> 
 def test_a_receiver_slower_than_configured_is_reported_and_still_served() -> None:
     svc = WeightService(egress_bps=1e9, chunk_bytes=CHUNK, slow_lag_s=0.1)
     try:
-        blob = weights(5, mib=16)  # more than loopback's socket buffers hold
+        blob = weights(5, mib=32)  # several times what loopback's socket buffers hold
         svc.publish(1, blob)
         got = {"at": 0}
 
