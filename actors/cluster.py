@@ -36,7 +36,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from actors.scale import running_jobs
 from rlsched.config import JobConfig
-from rlsched.policy.admission import (
+from rlsched.policy.admission import admit, decay_usage
+from rlsched.policy.cluster_model import (
     AdmissionParams,
     Admit,
     ClusterSnapshot,
@@ -45,8 +46,6 @@ from rlsched.policy.admission import (
     PendingJob,
     RunningJob,
     Wait,
-    admit,
-    decay_usage,
     usage_by_queue,
 )
 from rlsched.policy.placement import Gang, Node, Resources, Strategy, minus

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from rlsched.config import _load, _Section
-from rlsched.policy.admission import AdmissionParams, ClassParams, QueueParams
+from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams
 
 
 class PriorityClass(_Section):

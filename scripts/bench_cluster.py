@@ -35,14 +35,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rlsched.policy.admission import (
+from rlsched.policy.admission import admit
+from rlsched.policy.cluster_model import (
     AdmissionParams,
     Admit,
     ClassParams,
     ClusterSnapshot,
     PendingJob,
     QueueParams,
-    admit,
 )
 from rlsched.policy.placement import Gang, Node, Strategy, add
 from rlsched.sim.cluster import ClusterSim, TraceClass, summarise, synthetic_trace

@@ -24,7 +24,8 @@ from functools import partial
 
 import numpy as np
 
-from rlsched.policy.admission import (
+from rlsched.policy.admission import admit, decay_usage
+from rlsched.policy.cluster_model import (
     AdmissionParams,
     Admit,
     ClusterSnapshot,
@@ -32,8 +33,6 @@ from rlsched.policy.admission import (
     Grow,
     PendingJob,
     RunningJob,
-    admit,
-    decay_usage,
     dominant_share,
     usage_by_queue,
 )

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from rlsched.admin import AdminConfig, FairnessPolicy, admission_params, load_admin
 from rlsched.config import _load, _Section
 from rlsched.errors import UserError
-from rlsched.policy.admission import PendingJob
+from rlsched.policy.cluster_model import PendingJob
 from rlsched.policy.placement import Gang, Node
 from rlsched.sim.cluster import ClusterSim, TraceClass, TraceJob, summarise, synthetic_trace
 

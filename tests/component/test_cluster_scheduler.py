@@ -73,7 +73,7 @@ def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go(monkeypatch:
     """The bookkeeping only: which placement groups go when (removing them on Ray is the e2e test's)."""
     import actors.cluster
     from actors.cluster import _Part
-    from rlsched.policy.admission import Evict
+    from rlsched.policy.cluster_model import Evict
 
     removed: list[object] = []
     monkeypatch.setattr(actors.cluster, "_remove", removed.append)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlsched.policy.admission import (
+from rlsched.policy.admission import admit, decay_usage, order, starving
+from rlsched.policy.cluster_model import (
     AdmissionParams,
     Admit,
     ClassParams,
@@ -16,13 +17,9 @@ from rlsched.policy.admission import (
     QueueParams,
     RunningJob,
     Wait,
-    admit,
-    decay_usage,
     demand,
     free_of,
-    order,
     over,
-    starving,
     usage_by_queue,
 )
 from rlsched.policy.placement import Gang, Node, Strategy, add, fits

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlsched.policy.admission import AdmissionParams, ClassParams, PendingJob, QueueParams
+from rlsched.policy.cluster_model import AdmissionParams, ClassParams, PendingJob, QueueParams
 from rlsched.policy.placement import Gang, Node, Strategy
 from rlsched.sim.cluster import ClusterSim, TraceClass, TraceJob, jain, summarise, synthetic_trace
 
