@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pip on some machines warns once per package about unreachable local index folders; hide only that
 PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm test-vllm
+.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm
 
 setup: $(STAMP)
 
@@ -28,7 +28,7 @@ run: setup
 	$(VENV)/bin/rlsched run $(CONFIG)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not ray" $(PYTEST_ARGS)
@@ -51,6 +51,7 @@ proto: setup
 # `pip install -e .[vllm]` instead.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.rlsched-installed
+VLLM_CONFIG ?= configs/jobs/quickstart_vllm.yaml
 VLLM_ENV   := LD_PRELOAD=$(CURDIR)/$(VLLM_VENV)/lib/libiomp5.so VLLM_CPU_KVCACHE_SPACE=1
 
 setup-vllm: $(VLLM_STAMP)
@@ -64,6 +65,9 @@ $(VLLM_STAMP): pyproject.toml
 	@$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec $(PIP_FILTER)
 	@$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]" $(PIP_FILTER)
 	@touch $(VLLM_STAMP)
+
+run-vllm: setup-vllm
+	$(VLLM_ENV) $(VLLM_VENV)/bin/rlsched run $(VLLM_CONFIG)
 
 test-vllm: setup-vllm
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)

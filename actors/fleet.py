@@ -148,6 +148,7 @@ class Fleet:
             self.cfg.run.seed + self._seeds,
             str(self.store_path) if self.store_path else None,
             self.cfg.store.flush_s,
+            str(self.cfg.engine.kind),
         )
         self._seeds += 1
         member = Member(name, handle, (gbps or 0.0) * 1e9, transient, granted_at=self.clock())

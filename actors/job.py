@@ -21,11 +21,11 @@ import ray
 from actors.cluster import ClusterClient, JobStopped, find_scheduler, job_spec
 from actors.controller import IterationRecord, JobController, commit_record, store_path
 from actors.scale import open_inbox
-from rlsched.config import JobConfig
+from rlsched.config import EngineKind, JobConfig
 from rlsched.errors import UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
-from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
 from rlsched.model.template import load_template
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task
@@ -132,10 +132,17 @@ def _open_inbox(job: str) -> Any:
     return inbox
 
 
-def preflight(cfg: JobConfig, out_dir: Path) -> None:
+def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> None:
     """Check what can be checked before any Ray process starts: checkpoint, template and task load,
-    and the partial-output store can be written."""
+    the partial-output store can be written, and the chosen engine can serve the checkpoint (vLLM
+    installed, where this Python runs the embedded cluster's instances)."""
     load_checkpoint(cfg.model.checkpoint)
+    if cfg.engine.kind is EngineKind.VLLM:
+        from rlsched.engine.vllm import check_checkpoint, check_vllm_installed
+
+        if address is None:
+            check_vllm_installed()
+        check_checkpoint(cfg.model.checkpoint or BASE_CHECKPOINT)
     build_task(cfg.task)
     if cfg.model.template:
         load_template(cfg.model.template)
@@ -184,7 +191,7 @@ def run_job(
     queue: str | None = None,
     priority: str | None = None,
 ) -> JobReport:
-    preflight(cfg, out_dir)
+    preflight(cfg, out_dir, address)
     started = connect(cfg, address)
     controller: JobController | None = None
     client: ClusterClient | None = None

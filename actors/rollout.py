@@ -23,14 +23,23 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import ray
 import torch
 
-from rlsched.engine.protocol import GenerationRequest, Partial, RequestId, Sample, WeightVersion
+from rlsched.config import EngineKind
+from rlsched.engine.protocol import (
+    GenerationRequest,
+    Partial,
+    RequestId,
+    RolloutEngine,
+    Sample,
+    WeightVersion,
+)
 from rlsched.engine.torch_engine import TorchRolloutEngine
-from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
@@ -78,6 +87,17 @@ class JoinReport:
         )
 
 
+def _torch_engine(path: Path | None, max_batch: int, use_cache: bool, seed: int) -> RolloutEngine:
+    ckpt = load_checkpoint(path)
+    return TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed)
+
+
+def _vllm_engine(path: Path | None, max_batch: int, seed: int) -> RolloutEngine:
+    from rlsched.engine.vllm import VllmRolloutEngine  # vLLM is optional: imported only when chosen
+
+    return VllmRolloutEngine(path or BASE_CHECKPOINT, max_batch=max_batch, seed=seed)
+
+
 class Instance:
     def __init__(
         self,
@@ -88,13 +108,16 @@ class Instance:
         seed: int,
         store_path: str | None = None,
         flush_s: float = 0.25,
+        engine: str = "torch",
     ) -> None:
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
-        ckpt = load_checkpoint(Path(checkpoint) if checkpoint else None)
-        self.engine = TorchRolloutEngine(
-            ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed
+        path = Path(checkpoint) if checkpoint else None
+        self.engine: RolloutEngine = (
+            _vllm_engine(path, max_batch, seed)
+            if EngineKind(engine) is EngineKind.VLLM
+            else _torch_engine(path, max_batch, use_cache, seed)
         )
         self.store = PartialStore(Path(store_path)) if store_path else None
         self.flush_s = flush_s
@@ -109,11 +132,12 @@ class Instance:
     def join(
         self, address: str, version: int, ingress_bps: float = 0.0, plane: str = "tcp", attempts: int = 2
     ) -> JoinReport:
-        """Take `version` from the weight service at `address`; READY only once it is confirmed."""
+        """Take `version` (or a newer one, if it is gone) from the weight service at `address`; READY
+        only once it is confirmed."""
         for attempt in range(1, attempts + 1):
             self._to(InstanceState.TRANSFERRING)
             t0 = time.monotonic()
-            stats, blob, published = self._pull(address, version, ingress_bps, Plane(plane))
+            stats, blob, published, version = self._pull(address, version, ingress_bps, Plane(plane))
             t1 = time.monotonic()
             self._to(InstanceState.LOADING)
             loaded = self.engine.load_weights(blob, WeightVersion(version))
@@ -135,21 +159,26 @@ class Instance:
 
     def _pull(
         self, address: str, version: int, ingress_bps: float, plane: Plane
-    ) -> tuple[PullStats, bytes, str]:
+    ) -> tuple[PullStats, bytes, str, int]:
+        """Pull `version`; if the service no longer holds it (the instance took longer to start than
+        the service keeps versions, as a vLLM engine may), the newest it holds instead. Returns the
+        version finally asked for with what came back."""
         try:
             with WeightClient(address) as client:
-                pulled = client.pull(
-                    version,
-                    receiver=self.instance_id,
-                    ingress_bps=ingress_bps,
-                    plane=plane,
-                    buffer=self._buffer,
-                )
+                pull = partial(client.pull, receiver=self.instance_id, ingress_bps=ingress_bps, plane=plane)
+                try:
+                    pulled = pull(version, buffer=self._buffer)
+                except VersionNotFound:
+                    newest = client.manifest(0).version
+                    if newest <= version:
+                        raise
+                    log.info("%s: version %d is gone; taking %d", self.instance_id, version, newest)
+                    pulled, version = pull(newest, buffer=self._buffer), newest
         except (VersionNotFound, TransferFailed) as err:
             self._to(InstanceState.RELEASED)
             raise JoinFailed(f"{self.instance_id}: cannot take version {version}: {err}") from None
         self._buffer = pulled.assembly.buffer
-        return pulled.stats, bytes(pulled.assembly.buffer), pulled.assembly.manifest.sha256
+        return pulled.stats, bytes(pulled.assembly.buffer), pulled.assembly.manifest.sha256, version
 
     @staticmethod
     def _mismatch(stats: PullStats, published: str, loaded: str, version: int) -> str | None:
@@ -211,6 +240,9 @@ class Instance:
             self._to(InstanceState.DRAINING)
         if self.state is not InstanceState.RELEASED:
             self._to(InstanceState.RELEASED)
+        shutdown = getattr(self.engine, "shutdown", None)  # vLLM's engine processes go now, not at exit
+        if shutdown is not None:
+            shutdown()
         return str(self.state)
 
 

@@ -112,7 +112,14 @@ def _progress(total: int) -> Iterator[Callable[[int, str], None] | None]:
 
 def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
     """The same GRPO components in one process, without Ray (debugging, profiling)."""
+    from rlsched.config import EngineKind
     from rlsched.rl.loop import GRPOLoop, write_outputs
+
+    if cfg.engine.kind is EngineKind.VLLM:
+        raise UserError(
+            "rlsched run --local runs the torch engine only (the policy and the engine share one "
+            "model in one process); drop --local to run engine.kind 'vllm' in Ray rollout instances"
+        )
 
     console.print(
         f"[bold]rlsched run --local[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "

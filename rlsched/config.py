@@ -28,7 +28,7 @@ class _Section(BaseModel):
 
 class EngineKind(StrEnum):
     TORCH = "torch"
-    VLLM = "vllm"  # the vLLM engine arrives with its own issue
+    VLLM = "vllm"  # rlsched/engine/vllm.py: vLLM's AsyncLLM in each rollout instance
 
 
 class ModelConfig(_Section):
@@ -277,11 +277,6 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:
-        if self.engine.kind is EngineKind.VLLM:
-            raise ValueError(
-                "engine.kind 'vllm' is not selectable in a job yet (the engine itself is "
-                "rlsched/engine/vllm.py, tested by `make test-vllm`); use 'torch'"
-            )
         if self.eval.curve_size > self.task.eval_size:
             raise ValueError("eval.curve_size cannot exceed task.eval_size")
         return self

@@ -9,8 +9,9 @@ temperature 1 with a fixed seed and no stop tokens, so every request decodes exa
 tokens. Figures are generated tokens per second (median over repeats, whole generate() call, prefill
 included); the bound each engine is compared with is the no-cache engine of the same run (the ratio
 column). With vLLM (`make setup-vllm`): its tokens/s per batch, and the time of an in-place weight
-update (the shipped model's BF16 bytes through `collective_rpc`, median of `--repeats`). Writes
-bench_results/bench_engine.json.
+update against the size of the weights (random-weight models from 1 MB to about 0.4 GB of BF16 bytes,
+each served by a fresh engine and sent its bytes through `collective_rpc`, median of `--repeats`),
+beside the torch engine's load of the same bytes. Writes bench_results/bench_engine.json.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import argparse
 import json
 import platform
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,8 @@ from rich.table import Table
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.errors import UserError
-from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
+from rlsched.model.checkpoint import load_checkpoint, save_checkpoint, to_bf16_bytes
+from rlsched.model.llama import LlamaConfig, LlamaForCausalLM
 from rlsched.rl.task import AdditionTask
 
 
@@ -40,6 +44,85 @@ def tokens_per_second(engine: Any, requests: list[GenerationRequest]) -> float:
     return produced / (time.perf_counter() - start)
 
 
+# (hidden size, layers) of the models whose in-place update is timed: 1 MB (the shipped model's shape)
+# to about 0.4 GB of BF16 weights
+UPDATE_SIZES = ((128, 2), (512, 4), (1024, 8), (2048, 6))
+
+
+def timed(load: Callable[[bytes, WeightVersion], str], blob: bytes, repeats: int) -> float:
+    times = []
+    for v in range(repeats):
+        start = time.perf_counter()
+        load(blob, WeightVersion(v + 1))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def update_times(sizes: list[tuple[int, int]], repeats: int, seed: int) -> list[dict[str, float]]:
+    """The in-place update of a vLLM engine against the size of the weights: a random-weight model of
+    each size is saved as a checkpoint, served by a fresh vLLM engine, then sent its own BF16 bytes
+    `repeats` times; the torch engine's load of the same bytes is the peer."""
+    from rlsched.engine.vllm import VllmRolloutEngine
+
+    base = load_checkpoint()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for hidden, layers in sizes:
+            heads = hidden // 32
+            cfg = LlamaConfig(
+                hidden_size=hidden,
+                intermediate_size=3 * hidden,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2),
+            )
+            model = LlamaForCausalLM(cfg)
+            model.init_weights(seed=seed)
+            path = save_checkpoint(model, base.tokenizer, base.template, Path(tmp) / f"h{hidden}")
+            blob = to_bf16_bytes(model)
+            print(
+                f"update: hidden {hidden}, {layers} layers, {len(blob) / 1e6:.1f} MB: starting vLLM",
+                flush=True,
+            )
+            engine = VllmRolloutEngine(path, max_batch=8, seed=seed)
+            try:
+                vllm_s = timed(engine.load_weights, blob, repeats)
+            finally:
+                engine.shutdown()
+            torch_s = timed(TorchRolloutEngine(model, base.tokenizer).load_weights, blob, repeats)
+            rows.append(
+                {
+                    "hidden": hidden,
+                    "layers": layers,
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "bytes": len(blob),
+                    "vllm_s": round(vllm_s, 4),
+                    "torch_s": round(torch_s, 4),
+                    "vllm_gb_per_s": round(len(blob) / vllm_s / 1e9, 3),
+                    "vllm_vs_torch": round(vllm_s / torch_s, 2),
+                }
+            )
+            print(f"  {rows[-1]}", flush=True)
+    return rows
+
+
+def update_table(rows: list[dict[str, float]], repeats: int) -> Table:
+    table = Table(title=f"in-place weight update against weight size (BF16 bytes, median of {repeats})")
+    for col in ("model", "params", "MB", "vLLM s", "vLLM GB/s", "torch engine s", "vLLM / torch"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            f"h{r['hidden']} x{r['layers']}",
+            f"{r['params'] / 1e6:.1f} M",
+            f"{r['bytes'] / 1e6:.1f}",
+            f"{r['vllm_s']:.3f}",
+            f"{r['vllm_gb_per_s']:.2f}",
+            f"{r['torch_s']:.3f}",
+            f"{r['vllm_vs_torch']:.1f}x",
+        )
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -47,6 +130,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench_results/bench_engine.json"))
+    ap.add_argument(
+        "--update-sizes",
+        type=lambda t: tuple(int(x) for x in t.split("x")),
+        nargs="+",
+        default=list(UPDATE_SIZES),
+        metavar="HIDDENxLAYERS",
+        help="models whose vLLM update is timed (default: 128x2 512x4 1024x8 2048x6)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
 
@@ -59,19 +150,12 @@ def main() -> None:
             ckpt.model, ckpt.tokenizer, max_batch=max(args.batches), use_cache=False
         ),
     }
-    update: dict[str, float] = {}
+    updates: list[dict[str, float]] = []
     try:
         from rlsched.engine.vllm import VllmRolloutEngine, require_vllm
 
         require_vllm()
         engines["vllm"] = VllmRolloutEngine(ckpt.path, max_batch=max(args.batches), seed=args.seed)
-        blob = to_bf16_bytes(ckpt.model)
-        times = []
-        for v in range(args.repeats):
-            start = time.perf_counter()
-            engines["vllm"].load_weights(blob, WeightVersion(v + 1))
-            times.append(time.perf_counter() - start)
-        update = {"bytes": float(len(blob)), "seconds": statistics.median(times)}
     except UserError as err:
         print(f"vllm: skipped ({str(err).split(' (')[0]}); see `make setup-vllm`")
     rows = []
@@ -116,9 +200,10 @@ def main() -> None:
             cells += [f"{r['vllm_tok_s']:.0f}", f"{r['vllm_vs_kv_cache']:.2f}x"]
         table.add_row(*cells)
     Console().print(table)
-    if update:
-        print(f"vLLM in-place update: {update['bytes'] / 1e6:.2f} MB in {update['seconds']:.3f} s (median)")
+    if "vllm" in engines:
         engines["vllm"].shutdown()
+        updates = update_times(args.update_sizes, args.repeats, args.seed)
+        Console().print(update_table(updates, args.repeats))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
@@ -137,7 +222,8 @@ def main() -> None:
                 "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
                 "bound": "no_cache engine of the same run (ratio = kv_cache / no_cache)",
                 "results": rows,
-                "vllm_update": update or None,
+                "vllm_update": updates or None,
+                "update_bound": "the torch engine's load of the same bytes in one process (no RPC)",
             },
             indent=1,
         )

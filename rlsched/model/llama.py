@@ -40,7 +40,10 @@ class LlamaConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.head_dim < 32 or self.head_dim % 2:
-            raise ValueError("head_dim must be even and at least 32 (vLLM CPU attention)")
+            raise ValueError(
+                f"head_dim is {self.head_dim}; it must be even and at least 32 "
+                "(vLLM's CPU attention needs 32)"
+            )
 
     def to_hf(self) -> dict[str, Any]:
         """The `config.json` of the checkpoint directory (transformers 5 field names)."""

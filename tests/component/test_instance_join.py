@@ -121,3 +121,19 @@ def test_generation_saves_new_tokens_to_the_store_under_its_attempt(
         seen[sample.request_id] = len(saved)
         assert saved.tokens == sample.token_ids[: len(saved)]  # a prefix of what it produced
     assert all(n > 0 for n in seen.values()) and inst.store_failures == 0
+
+
+def test_an_instance_that_starts_after_its_version_was_dropped_takes_the_newest(
+    blobs: dict[int, bytes],
+) -> None:
+    """A slow-starting engine (vLLM takes about a minute here) asks for the version that was latest
+    when it was granted; by then the service may keep only newer ones."""
+    svc = WeightService(chunk_bytes=64 << 10, keep=1)
+    try:
+        for v, blob in blobs.items():  # version 1 is dropped when 2 is published
+            svc.publish(v, blob)
+        inst = instance()
+        report = inst.join(svc.address, 1)
+        assert report.version == 2 and int(inst.engine.version) == 2 and inst.state is InstanceState.READY
+    finally:
+        svc.close()

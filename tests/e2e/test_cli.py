@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -356,3 +358,24 @@ def test_simulate_a_cluster_scenario_from_a_job_log(tmp_path: Path) -> None:
     assert_user_error(rlsched("simulate", str(scenario)), "cannot read the job log", "submit_s,duration_s")
     scenario.write_text("kind: cluster\nadmin: ../nope.yaml\nstreams: []\n")
     assert_user_error(rlsched("simulate", str(scenario)), "give streams")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_vllm_engine_without_vllm_says_how_to_install_it_before_any_work(tmp_path: Path) -> None:
+    proc = rlsched("run", "configs/jobs/quickstart_vllm.yaml", "--out", str(tmp_path / "out"))
+    assert_user_error(proc, "needs vLLM", "pip install -e .[vllm]", "make setup-vllm")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_vllm_cannot_serve_is_refused_at_load_with_the_reason(tmp_path: Path) -> None:
+    narrow = tmp_path / "narrow"
+    shutil.copytree(ROOT / "rlsched/model/base", narrow)
+    cfg = json.loads((narrow / "config.json").read_text())
+    cfg.update(head_dim=16, num_attention_heads=8)
+    (narrow / "config.json").write_text(json.dumps(cfg))
+    proc = rlsched("run", "configs/jobs/quickstart_vllm.yaml", "--set", f"model.checkpoint={narrow}")
+    assert_user_error(proc, "head", "16", "32")
+
+
+def test_run_local_refuses_the_vllm_engine() -> None:
+    assert_user_error(rlsched("run", "configs/jobs/quickstart_vllm.yaml", "--local"), "drop --local")

@@ -1,0 +1,136 @@
+"""A GRPO job with vLLM in its rollout instances, on an embedded Ray cluster (`make test-vllm`).
+
+The quickstart job with `engine.kind: vllm`, shortened and with long fixed-length samples, runs as a
+user runs it. While it runs, `rlsched scale` adds an instance: it starts its own vLLM engine, pulls the
+current version over the weight link, loads it in place and serves mid-job. Then it is removed
+abruptly (`--preempt`): its unfinished requests resume on the other instance from their saved tokens.
+Every iteration uses every sample exactly once, at the version being trained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.ray]
+STEPS, PROMPTS, GROUP = 40, 16, 4
+OVERRIDES = [
+    f"grpo.steps={STEPS}",
+    "grpo.time_budget_s=900",
+    f"grpo.prompts_per_step={PROMPTS}",
+    f"grpo.group_size={GROUP}",
+    "sampling.max_tokens=48",
+    "sampling.ignore_eos=true",
+    "eval.every_steps=1000",
+    "eval.curve_size=32",
+    "task.eval_size=64",
+    "rollout.instances=1",
+    "rollout.request_batch=8",
+    "store.flush_s=0.05",
+]
+
+
+def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+
+
+def committed(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def state_of(job: str, name: str) -> str | None:
+    shown = rlsched("scale", job, "--json")
+    return json.loads(shown.stdout or "{}").get("instances", {}).get(name, {}).get("state")
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
+    out = tmp_path_factory.mktemp("runs") / "vllm-job"
+    sets = [x for o in OVERRIDES for x in ("--set", o)]
+    command = [
+        sys.executable,
+        "-m",
+        "rlsched.cli",
+        "run",
+        "configs/jobs/quickstart_vllm.yaml",
+        "--out",
+        str(out),
+    ]
+    job = subprocess.Popen(
+        [*command, *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    try:
+        wait_for(lambda: committed(out) >= 2, "iteration 2 to commit", timeout_s=400)
+        assert rlsched("scale", out.name, "--add", "1").returncode == 0
+        wait_for(lambda: state_of(out.name, "scaled-1") == "ready", "scaled-1 to be READY", timeout_s=300)
+        served_from = committed(out) + 1
+        wait_for(lambda: committed(out) >= served_from + 1, "scaled-1 to serve an iteration", timeout_s=120)
+        removed = rlsched("scale", out.name, "--remove", "scaled-1", "--preempt")
+        assert removed.returncode == 0, removed.stderr
+        stdout, _ = job.communicate(timeout=900)
+    finally:
+        job.kill()
+    assert job.returncode == 0, stdout[-4000:]
+    print(stdout[-3000:])
+    return stdout, out, served_from
+
+
+def spans(out: Path) -> list[dict]:
+    return [e for e in json.loads((out / "timeline.json").read_text())["traceEvents"] if e["ph"] == "X"]
+
+
+def test_the_job_completes_and_learns_with_vllm_instances(vllm_run) -> None:
+    stdout, out, _ = vllm_run
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == list(range(1, STEPS + 1))
+    report = json.loads((out / "report.json").read_text())
+    assert report["before"]["total"] == report["after"]["total"] == 64
+    # a new version every iteration, loaded in place by the instances (its load is timed)
+    assert [r["version"] for r in rows] == list(range(STEPS)) and all(r["t_load"] > 0 for r in rows)
+    assert re.search(r"rollout-0 joined at v0: transfer", stdout)
+
+
+def test_every_sample_is_used_once_at_the_version_being_trained(vllm_run) -> None:
+    _, out, _ = vllm_run
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    gen = [e for e in spans(out) if e["cat"] == "generate"]
+    for r in rows:
+        assert r["samples"] == r["used"] == PROMPTS * GROUP and r["stale_dropped"] == 0
+        assert r["extra"]["sample_versions"] == [r["version"]]
+        ids = Counter(e["name"] for e in gen if e["args"]["iteration"] == r["iteration"])
+        assert len(ids) == PROMPTS * GROUP and set(ids.values()) == {1}
+
+
+def test_a_scaled_vllm_instance_joins_serves_and_its_requests_resume_when_preempted(vllm_run) -> None:
+    stdout, out, served_from = vllm_run
+    assert re.search(r"scaled-1 joined at v\d+: transfer .* load [0-9.]+ s", stdout)
+    ev = spans(out)
+    (join,) = [e for e in ev if e["cat"] == "join" and e["name"] == "join scaled-1"]
+    served = [e for e in ev if e["cat"] == "generate" and e["args"]["lane"] == "scaled-1"]
+    assert served and min(e["ts"] + e["dur"] for e in served) > join["ts"] + join["dur"]
+    assert any(e["args"]["iteration"] >= served_from for e in served)
+    assert "scaled-1 preempted" in stdout
+    for r in [e for e in ev if e["cat"] == "resume"]:  # those it was running when it went
+        a = r["args"]
+        assert a["from"] == "scaled-1" and 0 < a["resumed_from"] <= a["saved"] < a["final_tokens"] == 48
