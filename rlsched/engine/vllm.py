@@ -281,9 +281,16 @@ class VllmRolloutEngine:
         self._call(self._engine.abort(str(request_id)))
 
     def shutdown(self) -> None:
-        """Stop vLLM's processes now (not at interpreter exit, when its finaliser cannot run)."""
+        """Stop vLLM's processes now (not at interpreter exit, when its finaliser cannot run). On the
+        engine's own loop: there its output handler is cancelled before the engine process goes,
+        instead of failing with EngineDeadError."""
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.shutdown()
+            self._call(self._stop(engine), timeout=120)
             del engine
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+    @staticmethod
+    async def _stop(engine: Any) -> None:
+        engine.shutdown()
+        await asyncio.sleep(0)  # let the cancelled tasks finish
