@@ -41,6 +41,7 @@ from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
 from rlsched.config import JobConfig, Leave, TransientInstance
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
+from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.policy.resume import Restart, ResumeCost, resume_or_restart, reuse, truncate_group
@@ -121,6 +122,7 @@ class Fleet:
         self._transient_added: set[int] = set()
         self._scaled = 0
         self.join_reports: list[JoinReport] = []
+        self.join_errors: list[str] = []
         self.cost = ResumeCost(
             cfg.rollout.prefill_tokens_per_s, cfg.rollout.decode_tokens_per_s, cfg.rollout.resume_setup_s
         )
@@ -339,7 +341,8 @@ class Fleet:
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
             cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
             self.counts.join_failures += 1
-            self.log(f"{m.name} could not join: {cause}")
+            self.join_errors.append(f"{m.name} could not join: {cause}")
+            self.log(self.join_errors[-1])
             m.to(_S.RELEASED)  # it released itself (JoinFailed) or died; it never served
             ray.kill(m.handle)
             return
@@ -490,9 +493,11 @@ class Fleet:
         give_up = time.monotonic() + timeout_s
         while not self.serving():
             refs = [m.join_ref for m in self.members.values() if m.join_ref is not None]
-            if not refs or time.monotonic() > give_up:
-                raise RuntimeError(
-                    f"no rollout instance could take the first version within {timeout_s:g} s; see the log"
+            if not refs:  # every instance failed: say why (the usual cause is the same for all)
+                raise UserError("no rollout instance could start. " + "; ".join(self.join_errors[:2]))
+            if time.monotonic() > give_up:
+                raise UserError(
+                    f"no rollout instance took the first version within {timeout_s:g} s; see the log"
                 )
             ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, give_up - time.monotonic()))
             for ref in ready:

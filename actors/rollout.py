@@ -114,11 +114,15 @@ class Instance:
         self.instance_id = instance_id
         self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
         path = Path(checkpoint) if checkpoint else None
-        self.engine: RolloutEngine = (
-            _vllm_engine(path, max_batch, seed)
-            if EngineKind(engine) is EngineKind.VLLM
-            else _torch_engine(path, max_batch, use_cache, seed)
-        )
+        self.unavailable: str | None = None  # why the engine could not start: `join` reports it
+        try:
+            self.engine: RolloutEngine = (
+                _vllm_engine(path, max_batch, seed)
+                if EngineKind(engine) is EngineKind.VLLM
+                else _torch_engine(path, max_batch, use_cache, seed)
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later
+            self.unavailable = f"cannot start its {engine} engine: {err}"
         self.store = PartialStore(Path(store_path)) if store_path else None
         self.flush_s = flush_s
         self._buffer: bytearray | None = None  # reused from one version to the next
@@ -134,6 +138,9 @@ class Instance:
     ) -> JoinReport:
         """Take `version` (or a newer one, if it is gone) from the weight service at `address`; READY
         only once it is confirmed."""
+        if self.unavailable is not None:
+            self._to(InstanceState.RELEASED)
+            raise JoinFailed(f"{self.instance_id}: {self.unavailable}")
         for attempt in range(1, attempts + 1):
             self._to(InstanceState.TRANSFERRING)
             t0 = time.monotonic()
@@ -228,7 +235,8 @@ class Instance:
         self.engine.abort(RequestId(request_id))
 
     def status(self) -> tuple[str, int, int]:
-        return str(self.state), int(self.engine.version), self.store_failures
+        version = -1 if self.unavailable is not None else int(self.engine.version)
+        return str(self.state), version, self.store_failures
 
     def drain(self) -> str:
         if self.state is InstanceState.READY:
@@ -240,7 +248,7 @@ class Instance:
             self._to(InstanceState.DRAINING)
         if self.state is not InstanceState.RELEASED:
             self._to(InstanceState.RELEASED)
-        shutdown = getattr(self.engine, "shutdown", None)  # vLLM's engine processes go now, not at exit
+        shutdown = getattr(getattr(self, "engine", None), "shutdown", None)  # vLLM's processes go now
         if shutdown is not None:
             shutdown()
         return str(self.state)

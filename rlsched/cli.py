@@ -33,6 +33,11 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
 
 
+def plain(line: str) -> None:
+    """A job's log line as it is: brackets in it (`.[vllm]`, `[W1201 ...]`) are text, not markup."""
+    console.print(line, markup=False)
+
+
 # -- commands ---------------------------------------------------------------------------------------
 
 
@@ -67,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 cfg,
                 out_dir,
                 address=args.address,
-                log=console.print,
+                log=plain,
                 tick=tick,
                 queue=args.queue,
                 priority=args.priority,
@@ -127,7 +132,7 @@ def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
         f"{cfg.grpo.steps} steps or {cfg.grpo.time_budget_s:.0f} s); every {cfg.eval.every_steps} steps, "
         f"the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
-    loop = GRPOLoop(cfg, log=console.print)
+    loop = GRPOLoop(cfg, log=plain)
     report = loop.run()
     path, ckpt = write_outputs(loop, report, out_dir)
     console.print(

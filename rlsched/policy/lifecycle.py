@@ -3,8 +3,8 @@
 A rollout instance: REQUESTED -> ALLOCATED -> TRANSFERRING -> LOADING -> CONFIRMING -> READY ->
 DRAINING -> RELEASED, and PREEMPTED from any live state. Only READY instances receive requests. Each
 new version goes READY -> TRANSFERRING again (pulled over the weight link, `actors.rollout`); a
-version that fails confirmation is pulled again, and an instance that cannot confirm one is
-RELEASED without ever serving it.
+version that fails confirmation is pulled again, and an instance that cannot confirm one, or whose
+engine cannot start, is RELEASED without ever serving.
 
 A verifier worker slot: STARTING -> IDLE <-> BUSY; a busy worker that must stop (timeout,
 preemption, silence) is STOPPING until its exit is observed, then GONE; one that dies on its own goes
@@ -42,6 +42,7 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
             _S.TRANSFERRING,  # pulls the current version over the weight link (elastic issue)
             _S.LOADING,  # weights handed over in-process (object store)
             _S.PREEMPTED,
+            _S.RELEASED,  # its engine could not start (e.g. no vLLM on its node): it never served
         }
     ),
     _S.TRANSFERRING: frozenset(

@@ -7,6 +7,7 @@ serves. While generating, it saves each request's new tokens to the durable stor
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,3 +138,15 @@ def test_an_instance_that_starts_after_its_version_was_dropped_takes_the_newest(
         assert report.version == 2 and int(inst.engine.version) == 2 and inst.state is InstanceState.READY
     finally:
         svc.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_an_instance_whose_engine_cannot_start_fails_its_join_with_the_reason(service: WeightService) -> None:
+    """On a node without vLLM (a cluster joined with --address: the driver cannot check its nodes)."""
+    inst = Instance("rollout-v", None, max_batch=8, use_cache=True, seed=0, engine="vllm")
+    assert inst.status() == ("allocated", -1, 0)
+    with pytest.raises(
+        JoinFailed, match=r"cannot start its vllm engine: engine 'vllm' needs vLLM.*setup-vllm"
+    ):
+        inst.join(service.address, 1)
+    assert inst.state is InstanceState.RELEASED
