@@ -309,6 +309,12 @@ class Scheduler:
                     self.jobs[d.job].reason = d.reason
             self.cycles += 1
 
+    def release_everything(self) -> None:
+        """Remove every job's placement groups (the scheduler is stopping)."""
+        with self.lock:
+            for job in self.jobs.values():
+                self._release_all(job)
+
     def _refresh_nodes(self) -> None:
         self.nodes, self.node_ids = inventory()
 
@@ -463,9 +469,7 @@ class SchedulerActor:
 
     def stop(self) -> None:
         self._stop.set()
-        with self.s.lock:
-            for job in self.s.jobs.values():
-                self.s._release_all(job)
+        self.s.release_everything()
 
 
 def _drivers_alive() -> set[str]:

@@ -248,9 +248,8 @@ class Instance:
             self._to(InstanceState.DRAINING)
         if self.state is not InstanceState.RELEASED:
             self._to(InstanceState.RELEASED)
-        shutdown = getattr(getattr(self, "engine", None), "shutdown", None)  # vLLM's processes go now
-        if shutdown is not None:
-            shutdown()
+        if self.unavailable is None:
+            self.engine.shutdown()  # vLLM's engine processes go now, not when the actor is killed
         return str(self.state)
 
 

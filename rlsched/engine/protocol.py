@@ -133,3 +133,7 @@ class RolloutEngine(Protocol):
     def abort(self, request_id: RequestId) -> None:
         """Finish a running or queued request now with `FinishReason.ABORT`."""
         ...
+
+    def shutdown(self) -> None:
+        """Release what the engine holds outside this process (vLLM's engine processes); idempotent."""
+        ...

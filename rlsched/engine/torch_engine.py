@@ -117,6 +117,9 @@ class TorchRolloutEngine:
         with self._lock:
             self._aborted.add(request_id)
 
+    def shutdown(self) -> None:
+        """Nothing to release: the model lives in this process."""
+
     def check(self, req: GenerationRequest) -> None:
         """Reject a request that cannot run, naming the limit it breaks."""
         check_fits(req, self.context_length)

@@ -153,8 +153,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[RolloutEngine]:
     try:
         yield made
     finally:
-        if hasattr(made, "shutdown"):
-            made.shutdown()
+        made.shutdown()
 
 
 @pytest.fixture(scope="module")

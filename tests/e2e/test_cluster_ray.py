@@ -17,28 +17,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT, rlsched, wait_for
+
 pytestmark = pytest.mark.ray
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 240.0) -> Any:
-    give_up = time.monotonic() + timeout_s
-    while not (got := check()):
-        assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    return got
-
-
-def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180
-    )
 
 
 @pytest.fixture(scope="module")

@@ -10,33 +10,14 @@ import re
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT, committed, rlsched, spans, wait_for
+
 pytestmark = pytest.mark.ray
-
-
-def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-
-
-def committed(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
-    give_up = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +47,6 @@ def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
         job.kill()
     assert job.returncode == 0, stdout[-3000:] + stderr[-3000:]
     return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr), out
-
-
-def spans(out: Path) -> list[dict]:
-    trace = json.loads((out / "timeline.json").read_text())
-    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
 
 
 def test_the_joiner_pulls_over_its_slow_link_and_serves_mid_iteration(elastic_run) -> None:

@@ -13,16 +13,15 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT, committed, rlsched, spans, wait_for
+
 pytest.importorskip("vllm")
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.ray]
 STEPS, PROMPTS, GROUP = 40, 16, 4
 OVERRIDES = [
@@ -39,24 +38,6 @@ OVERRIDES = [
     "rollout.request_batch=8",
     "store.flush_s=0.05",
 ]
-
-
-def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-
-
-def committed(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout_s: float) -> None:
-    give_up = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def state_of(job: str, name: str) -> str | None:
@@ -94,10 +75,6 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
     assert job.returncode == 0, stdout[-4000:]
     print(stdout[-3000:])
     return stdout, out, served_from
-
-
-def spans(out: Path) -> list[dict]:
-    return [e for e in json.loads((out / "timeline.json").read_text())["traceEvents"] if e["ph"] == "X"]
 
 
 def test_the_job_completes_and_learns_with_vllm_instances(vllm_run) -> None:

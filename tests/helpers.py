@@ -1,0 +1,40 @@
+"""What the end-to-end job tests share: the `rlsched` command in a subprocess, as a user runs it, and
+waiting on a running job's outputs (its committed iterations, its timeline)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 300.0) -> Any:
+    """Poll `check` until it gives something true, and return that; fail after `timeout_s`."""
+    give_up = time.monotonic() + timeout_s
+    while not (got := check()):
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.5)
+    return got
+
+
+def committed(out: Path) -> int:
+    """Iterations a job writing to `out` has committed so far."""
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def spans(out: Path) -> list[dict[str, Any]]:
+    """The complete spans of a finished job's timeline.json."""
+    return [e for e in json.loads((out / "timeline.json").read_text())["traceEvents"] if e["ph"] == "X"]
