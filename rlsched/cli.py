@@ -78,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 priority=args.priority,
             )
     except JobStopped as stop:
-        err_console.print(f"stopped: {stop}")
+        err_console.print(f"stopped: {stop}", markup=False)
         return 3
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "

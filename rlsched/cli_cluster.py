@@ -18,7 +18,7 @@ from rich.console import Console
 
 from rlsched.errors import UserError
 
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, markup=False)  # job names, states, reasons: all text
 
 
 @contextmanager
@@ -146,6 +146,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status))
         return 0
+    print_status(status)
+    return 0
+
+
+def print_status(status: dict[str, Any]) -> None:
     error = f"; last error: {status['error']}" if status["error"] else ""
     console.print(f"cluster scheduler: {status['cycles']} admission cycles{error}")
     for n in status["nodes"]:
@@ -156,7 +161,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         parts = f"; elastic {j['elastic']}" if j["elastic"] else ""
         why = f": {j['reason']}" if j["reason"] else ""
         console.print(f"  job {name} [{j['state']}] queue {j['queue']} {j['priority']}{where}{parts}{why}")
-    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
