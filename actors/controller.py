@@ -39,8 +39,7 @@ from actors.trainer import PublishedVersion, TrainingGroup
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams
 from rlsched.metrics.spans import Span, SpanKind
-from rlsched.model.checkpoint import load_checkpoint, load_state_bytes, save_checkpoint
-from rlsched.model.template import load_template
+from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.lifecycle import InstanceState
 from rlsched.policy.verify import (
@@ -98,9 +97,7 @@ class JobController:
         self.log = log
         self.clock = time.monotonic
         self.spans: list[Span] = []
-        ckpt = load_checkpoint(cfg.model.checkpoint)
-        self.tokenizer = ckpt.tokenizer
-        self.template = load_template(cfg.model.template) if cfg.model.template else ckpt.template
+        self.tokenizer, self.template = load_prompting(cfg.model.checkpoint, cfg.model.template)
         self.task = build_task(cfg.task)
         self.verifiers = VerifierSet(cfg.verifier.kind)  # for evaluation in the driver
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
@@ -378,9 +375,8 @@ class JobController:
         assert latest is not None
         with WeightClient(latest.address) as client:
             pulled = client.pull(latest.version, receiver="driver")
-        ckpt = load_checkpoint(self.cfg.model.checkpoint)
-        load_state_bytes(ckpt.model, pulled.blob)
-        return save_checkpoint(ckpt.model, self.tokenizer, self.template, out)
+        source = inspect_checkpoint(self.cfg.model.checkpoint).path
+        return write_checkpoint(source, bytes(pulled.blob), out, self.cfg.model.template)
 
     def run_iteration(self, iteration: int) -> IterationRecord:
         """One iteration, phase by phase; its spans are recorded as it goes."""

@@ -151,6 +151,7 @@ class Fleet:
             str(self.store_path) if self.store_path else None,
             self.cfg.store.flush_s,
             str(self.cfg.engine.kind),
+            str(self.cfg.engine.dtype),
         )
         self._seeds += 1
         member = Member(name, handle, (gbps or 0.0) * 1e9, transient, granted_at=self.clock())

@@ -25,8 +25,7 @@ from rlsched.config import EngineKind, JobConfig
 from rlsched.errors import UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
-from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
-from rlsched.model.template import load_template
+from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task
 from rlsched.store.partial import PartialStore, StoreError
@@ -136,16 +135,15 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> None
     """Check what can be checked before any Ray process starts: checkpoint, template and task load,
     the partial-output store can be written, and the chosen engine can serve the checkpoint (vLLM
     installed, where this Python runs the embedded cluster's instances)."""
-    load_checkpoint(cfg.model.checkpoint)
+    inspect_checkpoint(cfg.model.checkpoint)
+    load_prompting(cfg.model.checkpoint, cfg.model.template)  # the tokenizer and a prompt format exist
     if cfg.engine.kind is EngineKind.VLLM:
         from rlsched.engine.vllm import check_checkpoint, check_vllm_installed
 
+        check_checkpoint(cfg.model.checkpoint or BASE_CHECKPOINT)  # what no install would fix comes first
         if address is None:
             check_vllm_installed()
-        check_checkpoint(cfg.model.checkpoint or BASE_CHECKPOINT)
     build_task(cfg.task)
-    if cfg.model.template:
-        load_template(cfg.model.template)
     path = store_path(cfg, out_dir)
     if path is not None:
         try:

@@ -38,7 +38,7 @@ from rlsched.engine.protocol import (
     Sample,
     WeightVersion,
 )
-from rlsched.engine.torch_engine import TorchRolloutEngine
+from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.store.partial import Chunk, PartialStore, StoreError
@@ -87,8 +87,8 @@ class JoinReport:
         )
 
 
-def _torch_engine(path: Path | None, max_batch: int, use_cache: bool, seed: int) -> RolloutEngine:
-    ckpt = load_checkpoint(path)
+def _torch_engine(path: Path | None, max_batch: int, use_cache: bool, seed: int, dtype: str) -> RolloutEngine:
+    ckpt = load_checkpoint(path, dtype=engine_dtype(dtype))
     return TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed)
 
 
@@ -109,6 +109,7 @@ class Instance:
         store_path: str | None = None,
         flush_s: float = 0.25,
         engine: str = "torch",
+        dtype: str = "auto",
     ) -> None:
         torch.set_num_threads(1)
         self.instance_id = instance_id
@@ -119,7 +120,7 @@ class Instance:
             self.engine: RolloutEngine = (
                 _vllm_engine(path, max_batch, seed)
                 if EngineKind(engine) is EngineKind.VLLM
-                else _torch_engine(path, max_batch, use_cache, seed)
+                else _torch_engine(path, max_batch, use_cache, seed, dtype)
             )
         except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later
             self.unavailable = f"cannot start its {engine} engine: {err}"

@@ -29,7 +29,7 @@ from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
 from rlsched.rl.grpo import LossStats
-from rlsched.rl.update import TrainItem, grpo_update
+from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy
 from rlsched.transfer.service import WeightService
 
 
@@ -43,12 +43,22 @@ class PublishedVersion:
 
 @ray.remote
 class TrainerRank:
-    def __init__(self, rank: int, world: int, checkpoint: str | None, grpo: GRPOConfig, seed: int) -> None:
-        torch.set_num_threads(1)
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        checkpoint: str | None,
+        grpo: GRPOConfig,
+        trainer: TrainerConfig,
+        seed: int,
+    ) -> None:
+        torch.set_num_threads(max(1, int(trainer.cpus_per_rank)))
         torch.manual_seed(seed)
         self.rank, self.world, self.cfg = rank, world, grpo
         ckpt = load_checkpoint(Path(checkpoint) if checkpoint else None)
-        self.policy = ckpt.model.train()
+        self.policy = prepare_policy(ckpt.model, trainer)
+        pad = ckpt.tokenizer.pad_token_id
+        self.train_options = TrainOptions.of(trainer, pad if pad is not None else 0)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=grpo.lr, weight_decay=0.0)
         self.step = 0
 
@@ -79,7 +89,13 @@ class TrainerRank:
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * scale
         stats = grpo_update(
-            self.policy, self.optimizer, items, self.cfg, token_count=token_count, reduce_grads=self._reduce
+            self.policy,
+            self.optimizer,
+            items,
+            self.cfg,
+            options=self.train_options,
+            token_count=token_count,
+            reduce_grads=self._reduce,
         )
         self.step += 1
         return stats, start, time.monotonic()
@@ -163,7 +179,7 @@ class TrainingGroup:
                 num_cpus=cfg.cpus_per_rank,
                 num_gpus=cfg.gpus_per_rank,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote(i, cfg.ranks, checkpoint, grpo, seed)
+            ).remote(i, cfg.ranks, checkpoint, grpo, cfg, seed)
             for i in range(cfg.ranks)
         ]
         address = ray.get(self.ranks[0].rendezvous_address.remote())
@@ -174,12 +190,12 @@ class TrainingGroup:
         tokens = float(sum(len(i.token_ids) for i in items))
         shards = [list(items[i :: len(self.ranks)]) for i in range(len(self.ranks))]
         results = ray.get([r.update.remote(s, tokens) for r, s in zip(self.ranks, shards, strict=True)])
-        parts = [r[0] for r in results]  # each rank's loss is its share of the one token-level mean
+        parts = [r[0] for r in results]  # each rank's figures are its shares of the one token-level mean
         stats = LossStats(
             loss=sum(p.loss for p in parts),
-            clip_fraction=sum(p.clip_fraction for p in parts) / len(parts),
+            clip_fraction=sum(p.clip_fraction for p in parts),
             kl=sum(p.kl for p in parts),
-            mean_ratio=sum(p.mean_ratio for p in parts) / len(parts),
+            mean_ratio=sum(p.mean_ratio for p in parts),
         )
         return stats, min(r[1] for r in results), max(r[2] for r in results)
 

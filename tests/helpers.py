@@ -38,3 +38,17 @@ def committed(out: Path) -> int:
 def spans(out: Path) -> list[dict[str, Any]]:
     """The complete spans of a finished job's timeline.json."""
     return [e for e in json.loads((out / "timeline.json").read_text())["traceEvents"] if e["ph"] == "X"]
+
+
+def dataset_task(path: Path, *sets: str) -> Any:
+    """The dataset task of `task.key=value` settings (the section alone: eval sizes below eval's minimum)."""
+    from rlsched.config import TaskConfig, apply_override
+    from rlsched.rl.datasets import DatasetTask
+    from rlsched.rl.task import build_task
+
+    tree: dict[str, Any] = {"task": {"name": "dataset", "path": str(path)}}
+    for assignment in sets:
+        apply_override(tree, assignment)
+    task = build_task(TaskConfig.model_validate(tree["task"]))
+    assert isinstance(task, DatasetTask)
+    return task

@@ -16,7 +16,7 @@ from typing import Any
 from verifiers.exact_answer import ExactAnswerVerifier
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
 
-SHIPPED = ("exact_answer", "code", "synthetic", "cuda")
+SHIPPED = ("exact_answer", "math", "math_strict", "code", "synthetic", "cuda")
 
 
 class VerifierSpecError(ValueError):
@@ -44,6 +44,10 @@ def load_verifier(spec: str) -> Verifier:
     match spec:
         case "exact_answer":
             return ExactAnswerVerifier()
+        case "math" | "math_strict":
+            from verifiers.math import MathVerifier
+
+            return MathVerifier(require_format=spec == "math_strict")
         case "code":
             from verifiers.code import CodeVerifier
 

@@ -1,9 +1,11 @@
 """Batched next-token selection: temperature, top-k, top-p, greedy, per-request seeds.
 
-Every row of a batch may carry its own knobs. A row with a seed draws its noise from its own
-generator, so its tokens do not depend on which other requests share the batch (vLLM's per-request
-seed semantics). Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)), which equals a
-multinomial draw and lets all rows be sampled with one argmax.
+Every row of a batch may carry its own knobs. A row with a seed draws from its own generator, so
+its tokens do not depend on which other requests share the batch (vLLM's per-request seed
+semantics). Sampling inverts each row's cumulative distribution at one uniform draw per row: a
+categorical draw exactly, and cheap with a large vocabulary (a cumulative sum and a binary search;
+the exponential race or `torch.multinomial` would draw one random number per vocabulary entry, about
+50 ms per step for 32 rows of a 49,152-token vocabulary here).
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ class RowSamplers:
     any_filter: bool
 
     @classmethod
-    def build(cls, params: Sequence[SamplingParams], shared: torch.Generator) -> RowSamplers:
-        gens: list[torch.Generator | None] = [
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        shared: torch.Generator,
+        own: Sequence[torch.Generator | None] | None = None,
+    ) -> RowSamplers:
+        """`own`: each row's generator, kept across steps (None: a seeded row gets a new one)."""
+        gens: list[torch.Generator | None] = list(own) if own is not None else [
             torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params
         ]
         return cls(
@@ -61,26 +69,26 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     return torch.empty_like(logits).scatter_(-1, order, filtered)
 
 
-def _exponential_noise(shape: tuple[int, int], generators: list[torch.Generator]) -> torch.Tensor:
-    noise = torch.empty(shape)
+def _uniforms(rows: int, generators: list[torch.Generator]) -> torch.Tensor:
+    """One uniform draw per row, from the row's own generator (or one call on a shared one)."""
     shared = generators[0] if generators and all(g is generators[0] for g in generators) else None
     if shared is not None:
-        return noise.exponential_(generator=shared)
-    for i, g in enumerate(generators):
-        noise[i].exponential_(generator=g)
-    return noise
+        return torch.rand(rows, 1, generator=shared)
+    return torch.cat([torch.rand(1, 1, generator=g) for g in generators])
 
 
 def select_tokens(logits: torch.Tensor, rows: RowSamplers) -> torch.Tensor:
     """Next token per row from last-position logits [B, V] (float32)."""
-    greedy = logits.argmax(-1)
-    if bool((rows.temperature == 0).all()):
-        return greedy
-    temp = torch.where(rows.temperature > 0, rows.temperature, 1.0)[:, None]
-    scaled = logits / temp
+    greedy_rows = rows.temperature == 0
+    if bool(greedy_rows.all()):
+        return logits.argmax(-1)
+    temp = torch.where(greedy_rows, 1.0, rows.temperature)[:, None]
+    scaled = logits / temp if bool((temp != 1.0).any()) else logits
     if rows.any_filter:
         scaled = _filter_top_k_top_p(scaled, rows.top_k, rows.top_p)
-    probs = scaled.softmax(-1)
-    noise = _exponential_noise(tuple(probs.shape), rows.generators)  # type: ignore[arg-type]
-    sampled = (probs / noise).argmax(-1)
-    return torch.where(rows.temperature == 0, greedy, sampled)
+    cdf = scaled.softmax(-1).cumsum(-1)
+    u = _uniforms(logits.shape[0], rows.generators)  # type: ignore[arg-type]
+    sampled = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1).clamp(max=logits.shape[1] - 1)
+    if bool(greedy_rows.any()):
+        return torch.where(greedy_rows, logits.argmax(-1), sampled)
+    return sampled

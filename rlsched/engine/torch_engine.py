@@ -1,25 +1,45 @@
-"""The torch rollout engine: batched decoding with a KV cache, each sample yielded when it finishes.
+"""The torch rollout engine: continuous batching over any Hugging Face causal LM, each sample
+yielded the moment it finishes.
 
-Requests are decoded in waves of at most `max_batch` rows. A wave left-pads its prompts into one
-preallocated KV cache, prefills them in one forward pass, then advances every live row one token per
-step. When a row finishes (stop token, stop string, max_tokens, full context, or abort) its sample
-is yielded at once and the row is dropped from the cache, so later steps cost less and short samples
-reach the caller while long ones still run.
+The engine drives the checkpoint's own `forward` (transformers' modelling code: projections,
+biases, q/k norms, rotary embeddings) with a slot KV cache plugged in as its attention
+(`rlsched.engine.kv_attention`). Up to `max_batch` requests are live at once, each in a row of the
+cache; the rest wait in arrival order. Every step:
+
+1. *admit* - while rows are free, queued requests are prefilled together (left-padded to one width;
+   identical prompts, such as a GRPO group's, are computed once and their cache rows copied), and
+   each takes its first token from the prefill's logits;
+2. *decode* - every live row feeds its latest token, one forward for all of them;
+3. *finish* - a row whose token is a stop token, completes a stop string, reaches `max_tokens` or the
+   context, or was aborted, yields its sample at once and frees its row, which the next queued
+   request takes at the next step (the last live row moves into it, so rows stay contiguous).
 
 Resuming: a request's `resume_ids` (output an earlier attempt generated) are prefilled with its
 prompt; their log-probabilities are recomputed under the current weights from the prefill logits,
-and generation continues after them, counting them against `max_tokens`.
+and generation continues after them, counting them against `max_tokens`. Log-probabilities are the
+raw model's (before temperature, top-k and top-p), as vLLM reports them.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from rlsched.engine.kv_attention import (
+    ATTENTION,
+    SlotCache,
+    Step,
+    decode_mask,
+    prefill_mask,
+    register,
+    sliding_window,
+)
 from rlsched.engine.protocol import (
     FinishReason,
     GenerationRequest,
@@ -33,22 +53,25 @@ from rlsched.engine.protocol import (
 )
 from rlsched.engine.sampling import RowSamplers, select_tokens
 from rlsched.model.checkpoint import checksum, load_state_bytes
-from rlsched.model.llama import KVCache, LlamaForCausalLM
-from rlsched.model.tokenizer import ByteTokenizer, IncrementalDetokenizer
+from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass
 class _Row:
-    """A live request inside a wave."""
+    """A live request: its cache row's span and what it has produced."""
 
     req: GenerationRequest
-    prefix_len: int  # prompt + resumed tokens
-    tokens: list[int] = field(default_factory=list)
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)  # output so far: resumed, then new
     logprobs: list[float] = field(default_factory=list)
     detok: IncrementalDetokenizer | None = None
     stop_reason: str | int | None = None
     text_end: int | None = None  # where a stop string begins in the text
     reported: int = 0  # output tokens already handed to the partial sink
+    base: int = 0  # first real slot of its cache row (left padding before it)
+    end: int = 0  # the slot its next fed token goes to
+    fed: int = 0  # tokens in the cache (the position of the next fed token)
+    finish: FinishReason = FinishReason.STOP  # set when it finishes
 
     @property
     def length(self) -> int:
@@ -56,45 +79,56 @@ class _Row:
         return len(self.req.prompt_ids) + len(self.tokens)
 
 
-@dataclass
-class _Recompute:
-    """State of the no-cache baseline: the whole sequence so far, run again at every step."""
-
-    ids: torch.Tensor
-    valid: torch.Tensor
-    positions: torch.Tensor
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        self.ids = self.ids.index_select(0, rows)
-        self.valid = self.valid.index_select(0, rows)
-        self.positions = self.positions.index_select(0, rows)
-
-    def append(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
-        self.ids = torch.cat([self.ids, tokens[:, None]], 1)
-        self.valid = torch.cat([self.valid, torch.ones_like(tokens[:, None], dtype=torch.bool)], 1)
-        self.positions = torch.cat([self.positions, positions], 1)
+def engine_dtype(name: str) -> torch.dtype:
+    """`engine.dtype`: auto is bfloat16 where the device computes it natively (a GPU, or a CPU with
+    AVX-512 BF16 or AMX, where it runs several times faster than float32), float32 elsewhere."""
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name == "float32":
+        return torch.float32
+    if torch.cuda.is_available():
+        return torch.bfloat16
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native else torch.float32
 
 
-State = KVCache | _Recompute
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
 
 
 class TorchRolloutEngine:
-    """`RolloutEngine` on a torch `LlamaForCausalLM` (CPU or one GPU)."""
+    """`RolloutEngine` on a transformers causal LM (CPU or one GPU)."""
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
-        tokenizer: ByteTokenizer,
+        model: Any,
+        tokenizer: Tokenizer,
         *,
         max_batch: int = 64,
-        use_cache: bool = True,
         seed: int = 0,
         version: int = 0,
+        use_cache: bool = True,
     ) -> None:
+        register()
+        model.set_attn_implementation(ATTENTION)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self.use_cache = use_cache
+        self.use_cache = use_cache  # False: every step recomputes each sequence whole (a baseline)
+        cfg = _text_config(model.config)
+        heads = cfg.num_attention_heads
+        self._shape = (
+            cfg.num_hidden_layers,
+            getattr(cfg, "num_key_value_heads", None) or heads,
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        )
+        self._window = sliding_window(cfg)
+        self._context = int(cfg.max_position_embeddings)
+        self._vocab = int(model.get_input_embeddings().weight.shape[0])
+        self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._dtype = next(model.parameters()).dtype
+        self._cache: SlotCache | None = None
         self._version = WeightVersion(version)
         self._generator = torch.Generator().manual_seed(seed)
         self._aborted: set[RequestId] = set()
@@ -106,7 +140,7 @@ class TorchRolloutEngine:
 
     @property
     def context_length(self) -> int:
-        return self.model.config.max_position_embeddings
+        return self._context
 
     def load_weights(self, blob: bytes, version: WeightVersion) -> str:
         load_state_bytes(self.model, blob)
@@ -123,7 +157,7 @@ class TorchRolloutEngine:
     def check(self, req: GenerationRequest) -> None:
         """Reject a request that cannot run, naming the limit it breaks."""
         check_fits(req, self.context_length)
-        bad = [t for t in (*req.prompt_ids, *req.resume_ids) if not 0 <= t < self.model.config.vocab_size]
+        bad = [t for t in (*req.prompt_ids, *req.resume_ids) if not 0 <= t < self._vocab]
         if bad:
             raise RequestRejected(f"request {req.request_id}: token ids out of range: {bad[:5]}")
 
@@ -135,106 +169,170 @@ class TorchRolloutEngine:
     ) -> Iterator[Sample]:
         for req in requests:
             self.check(req)
-        for start in range(0, len(requests), self.max_batch):
+        if requests:
             reporter = _Reporter(on_partial, partial_every_s) if on_partial else None
-            yield from self._wave(list(requests[start : start + self.max_batch]), reporter)
+            yield from self._serve(list(requests), reporter)
 
-    # -- one wave ------------------------------------------------------------------------------
+    # -- the batch loop ----------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def _wave(self, reqs: list[GenerationRequest], reporter: _Reporter | None) -> Iterator[Sample]:
-        rows = [self._new_row(r) for r in reqs]
-        samplers = RowSamplers.build([r.params for r in reqs], self._generator)
-        prefix = max(r.prefix_len for r in rows)
-        # decode steps this wave can take: each row stops at its max_tokens or at the context's end
-        steps = max(
-            min(r.req.params.max_tokens - len(r.req.resume_ids), self.context_length - r.prefix_len)
-            for r in rows
-        )
-        logits, cache = self._prefill(rows, prefix, prefix + max(steps, 0))
-        for i, row in enumerate(rows):
-            self._resume_logprobs(row, logits[i], prefix)
-        last = logits[:, -1]
-        early = [self._early_finish(r) for r in rows]
-        for row, reason in zip(rows, early, strict=True):
-            if reason is not None:
-                yield self._sample(row, reason)
-        live = [i for i, reason in enumerate(early) if reason is None]
-        if len(live) < len(rows):
-            last, cache, samplers = self._keep(torch.tensor(live, dtype=torch.long), last, cache, samplers)
-        while live:
-            logp = last.float().log_softmax(-1)
-            tokens = select_tokens(last.float(), samplers)
-            chosen = logp.gather(1, tokens[:, None])[:, 0]
-            keep: list[int] = []
-            for j, i in enumerate(live):
-                row = rows[i]
-                row.tokens.append(int(tokens[j]))
-                row.logprobs.append(float(chosen[j]))
-                reason = self._finish_reason(row)
-                if reason is None:
-                    keep.append(j)
-                else:
-                    yield self._sample(row, reason)
-            live = [live[j] for j in keep]
+    @torch.inference_mode()
+    def _serve(self, requests: list[GenerationRequest], reporter: _Reporter | None) -> Iterator[Sample]:
+        queue = deque(requests)
+        cache = self._cache_for(requests)
+        live: list[_Row] = []
+        while queue or live:
+            free = cache.rows - len(live)
+            if queue and free:
+                admitted = [queue.popleft() for _ in range(min(free, len(queue)))]
+                yield from self._admit(admitted, live, cache)  # 1
             if not live:
-                break
+                continue
             if reporter is not None:
-                reporter.maybe_report([rows[i] for i in live])
-            if len(keep) < tokens.shape[0]:
-                idx = torch.tensor(keep)
-                tokens = tokens.index_select(0, idx)
-                last, cache, samplers = self._keep(idx, last, cache, samplers)
-            last = self._decode_step(rows, live, tokens, cache)
+                reporter.maybe_report(live)
+            yield from self._decode(live, cache)  # 2, 3
+
+    def _cache_for(self, requests: list[GenerationRequest]) -> SlotCache:
+        """A cache with a row per concurrent request and slots for the longest prefix plus output;
+        kept for the next call when it is large enough (its stale values are finite and masked)."""
+        rows = min(self.max_batch, len(requests))
+        prefix = max(len(r.prompt_ids) + len(r.resume_ids) for r in requests)
+        new = max(r.params.max_tokens - len(r.resume_ids) for r in requests)
+        slots = prefix + max(new, 1) + 1
+        cache = self._cache
+        if cache is None or cache.rows < rows or cache.slots < slots or cache.k[0].dtype != self._dtype:
+            layers, kv, dim = self._shape
+            cache = SlotCache.allocate(layers, rows, kv, slots, dim, self._dtype)
+            self._cache = cache
+        return cache
+
+    def _admit(self, reqs: list[GenerationRequest], live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
+        """Prefill newcomers into the rows after the live ones; each takes its first token."""
+        rows = [self._new_row(r) for r in reqs]
+        prefixes = [(*r.prompt_ids, *r.resume_ids) for r in reqs]
+        first: dict[tuple[int, ...], int] = {}
+        for i, p in enumerate(prefixes):
+            first.setdefault(p, i)
+        unique = sorted(first.values())
+        width = max(len(prefixes[i]) for i in unique)
+        keep = max(len(r.resume_ids) for r in reqs) + 1  # logits needed: resumed tokens and the next one
+        start = len(live)
+        logits = self._prefill([prefixes[i] for i in unique], [start + i for i in unique], width, keep, cache)
+        at = {i: u for u, i in enumerate(unique)}
+        for i, row in enumerate(rows):
+            src = first[prefixes[i]]
+            if src != i:
+                cache.copy_row(start + src, start + i, width)
+            row.base, row.end, row.fed = width - len(prefixes[i]), width, len(prefixes[i])
+            self._resume_logprobs(row, logits[at[src]])
+        live.extend(rows)
+        last = torch.stack([logits[at[first[p]], -1] for p in prefixes])
+        yield from self._advance(live, cache, last, range(start, len(live)))
+
+    def _prefill(
+        self, seqs: list[tuple[int, ...]], rows: list[int], width: int, keep: int, cache: SlotCache
+    ) -> torch.Tensor:
+        """Logits [U, keep, V] at each sequence's last `keep` positions; their K/V written to `rows`."""
+        ids = torch.full((len(seqs), width), self._pad, dtype=torch.long)
+        valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+        for i, seq in enumerate(seqs):
+            ids[i, width - len(seq) :] = torch.tensor(seq)
+            valid[i, width - len(seq) :] = True
+        positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+        step = Step(
+            cache,
+            torch.tensor(rows),
+            prefill=True,
+            mask=prefill_mask(valid, None),
+            window_mask=prefill_mask(valid, self._window) if self._window else None,
+        )
+        return self._forward(ids, positions, step, min(keep, width))
+
+    def _decode(self, live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
+        """One token for every live row: feed each row's latest token, then sample the next."""
+        if not self.use_cache:
+            yield from self._recompute(live, cache)
+            return
+        b = len(live)
+        ids = torch.tensor([[r.tokens[-1]] for r in live])
+        positions = torch.tensor([[r.fed] for r in live])
+        ends = torch.tensor([r.end for r in live])
+        bases = torch.tensor([r.base for r in live])
+        read = int(ends.max()) + 1
+        step = Step(
+            cache,
+            torch.arange(b),
+            prefill=False,
+            mask=decode_mask(bases, ends, read, None),
+            window_mask=decode_mask(bases, ends, read, self._window) if self._window else None,
+            ends=ends,
+            read=read,
+            contiguous=True,
+        )
+        last = self._forward(ids, positions, step, 1)[:, -1]
+        for r in live:
+            r.fed += 1
+            r.end += 1
+        yield from self._advance(live, cache, last, range(b))
+
+    def _recompute(self, live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
+        """The no-cache baseline: every live sequence run whole, its last logits sampled."""
+        seqs = [(*r.req.prompt_ids, *r.tokens) for r in live]
+        width = max(len(s) for s in seqs)
+        last = self._prefill(seqs, list(range(len(live))), width, 1, cache)[:, -1]
+        for r, seq in zip(live, seqs, strict=True):
+            r.base, r.end, r.fed = width - len(seq), width, len(seq)
+        yield from self._advance(live, cache, last, range(len(live)))
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: Step, keep: int) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep, rlsched_step=step
+        )
+        return out.logits.float()
+
+    def _advance(
+        self, live: list[_Row], cache: SlotCache, last: torch.Tensor, which: range
+    ) -> Iterator[Sample]:
+        """Rows `which` of `live` take their next token from `last` [len(which), V]; finished rows
+        yield their sample and leave (the last live row moves into the freed cache row)."""
+        rows = [live[i] for i in which]
+        samplers = RowSamplers.build(
+            [r.req.params for r in rows], self._generator, [r.generator for r in rows]
+        )
+        tokens = select_tokens(last, samplers).tolist()
+        picked = last.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+        chosen = (picked - last.logsumexp(-1)).tolist()  # raw log-probs, without a [B, V] log-softmax
+        done: list[int] = []
+        for i, row, tok, lp in zip(which, rows, tokens, chosen, strict=True):
+            if self._finished_before(row):
+                done.append(i)
+                continue
+            row.tokens.append(tok)
+            row.logprobs.append(lp)
+            if self._finish_reason(row) is not None:
+                done.append(i)
+        for i in sorted(done, reverse=True):
+            row = live[i]
+            yield self._sample(row, row.finish)
+            moved = live.pop()
+            if i < len(live):
+                cache.copy_row(len(live), i, moved.end)
+                live[i] = moved
 
     def _new_row(self, req: GenerationRequest) -> _Row:
-        row = _Row(
-            req=req, prefix_len=len(req.prompt_ids) + len(req.resume_ids), reported=len(req.resume_ids)
-        )
+        gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
+        row = _Row(req=req, generator=gen, reported=len(req.resume_ids))
         if req.params.stop:
             row.detok = IncrementalDetokenizer(self.tokenizer)
         return row
 
-    def _prefill(self, rows: list[_Row], prefix: int, slots: int) -> tuple[torch.Tensor, State]:
-        b = len(rows)
-        ids = torch.full((b, prefix), self.model.config.pad_token_id, dtype=torch.long)
-        valid = torch.zeros(b, prefix, dtype=torch.bool)
-        for i, row in enumerate(rows):
-            seq = (*row.req.prompt_ids, *row.req.resume_ids)
-            ids[i, prefix - len(seq) :] = torch.tensor(seq)
-            valid[i, prefix - len(seq) :] = True
-        positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-        if not self.use_cache:
-            return self.model(ids, positions=positions, key_valid=valid), _Recompute(ids, valid, positions)
-        dtype = next(self.model.parameters()).dtype
-        cache = KVCache(self.model.config, b, slots, dtype)
-        cache.valid[:, :prefix] = valid
-        return self.model(ids, positions=positions, cache=cache), cache
-
-    def _decode_step(
-        self, rows: list[_Row], live: list[int], tokens: torch.Tensor, cache: State
-    ) -> torch.Tensor:
-        positions = torch.tensor([[rows[i].length - 1] for i in live])
-        if isinstance(cache, _Recompute):
-            cache.append(tokens, positions)
-            return self.model(cache.ids, positions=cache.positions, key_valid=cache.valid)[:, -1]
-        cache.valid[:, cache.length] = True
-        return self.model(tokens[:, None], positions=positions, cache=cache)[:, -1]
-
-    def _keep(
-        self, idx: torch.Tensor, last: torch.Tensor, cache: State, samplers: RowSamplers
-    ) -> tuple[torch.Tensor, State, RowSamplers]:
-        samplers.keep_rows(idx)
-        cache.keep_rows(idx)
-        return last.index_select(0, idx), cache, samplers
-
-    def _resume_logprobs(self, row: _Row, logits: torch.Tensor, prefix: int) -> None:
-        """Log-probs of resumed tokens under the current weights, from the prefill logits."""
+    def _resume_logprobs(self, row: _Row, logits: torch.Tensor) -> None:
+        """Log-probs of resumed tokens under the current weights, from the prefill logits [keep, V]
+        (the logits at position p predict the token at p + 1; the last one predicts the next token)."""
         n = len(row.req.resume_ids)
         if n == 0:
             return
-        end = prefix - 1  # logits at position p predict token p + 1
-        pred = logits[end - n : end].float().log_softmax(-1)
+        keep = logits.shape[0]
+        pred = logits[keep - 1 - n : keep - 1].log_softmax(-1)
         ids = torch.tensor(row.req.resume_ids)
         row.tokens.extend(row.req.resume_ids)
         row.logprobs.extend(pred.gather(1, ids[:, None])[:, 0].tolist())
@@ -242,13 +340,18 @@ class TorchRolloutEngine:
             for t in row.req.resume_ids:
                 row.detok.push(t)
 
-    def _early_finish(self, row: _Row) -> FinishReason | None:
-        """Resumed tokens may already have spent the budget; an abort may have come first."""
-        if row.req.params.max_tokens <= len(row.tokens) or row.prefix_len >= self.context_length:
-            return FinishReason.LENGTH
+    def _finished_before(self, row: _Row) -> bool:
+        """Resumed tokens may already have spent the budget or the context; an abort may have come
+        first. Checked before a newcomer takes its first token."""
+        if row.tokens and len(row.tokens) > len(row.req.resume_ids):
+            return False  # has generated already: its own checks ran
+        if row.req.params.max_tokens <= len(row.tokens) or row.length >= self.context_length:
+            row.finish = FinishReason.LENGTH
+            return True
         if self._take_abort(row.req.request_id):
-            return FinishReason.ABORT
-        return None
+            row.finish = FinishReason.ABORT
+            return True
+        return False
 
     def _take_abort(self, rid: RequestId) -> bool:
         with self._lock:
@@ -260,16 +363,19 @@ class TorchRolloutEngine:
     def _finish_reason(self, row: _Row) -> FinishReason | None:
         tok = row.tokens[-1]
         params = row.req.params
+        reason: FinishReason | None = None
         if tok in params.stop_token_ids:
             row.stop_reason = tok
-            return FinishReason.STOP
-        if row.detok is not None and self._hit_stop_string(row, tok):
-            return FinishReason.STOP
-        if len(row.tokens) >= params.max_tokens or row.length >= self.context_length:
-            return FinishReason.LENGTH
-        if self._take_abort(row.req.request_id):
-            return FinishReason.ABORT
-        return None
+            reason = FinishReason.STOP
+        elif row.detok is not None and self._hit_stop_string(row, tok):
+            reason = FinishReason.STOP
+        elif len(row.tokens) >= params.max_tokens or row.length >= self.context_length:
+            reason = FinishReason.LENGTH
+        elif self._take_abort(row.req.request_id):
+            reason = FinishReason.ABORT
+        if reason is not None:
+            row.finish = reason
+        return reason
 
     def _hit_stop_string(self, row: _Row, tok: int) -> bool:
         assert row.detok is not None

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import queue
 import sys
@@ -44,7 +43,8 @@ from rlsched.engine.protocol import (
     check_fits,
 )
 from rlsched.errors import UserError
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.checkpoint import CheckpointInfo, inspect_checkpoint
+from rlsched.model.tokenizer import Tokenizer
 
 MIN_HEAD_DIM = 32  # the smallest head dimension vLLM's CPU attention supports
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -73,19 +73,15 @@ def require_vllm() -> Any:
     return vllm
 
 
-def check_checkpoint(path: Path) -> dict[str, Any]:
-    """Refuse at load a checkpoint vLLM cannot serve, naming why; its config otherwise."""
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise UserError(f"checkpoint {path} has no config.json; write one with `rlsched model export DIR`")
-    cfg: dict[str, Any] = json.loads(cfg_path.read_text())
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    if head_dim < MIN_HEAD_DIM:
+def check_checkpoint(path: Path) -> CheckpointInfo:
+    """Refuse at load a checkpoint vLLM cannot serve, naming why; what it is otherwise."""
+    info = inspect_checkpoint(path)
+    if info.head_dim < MIN_HEAD_DIM:
         raise UserError(
-            f"checkpoint {path} has a head dimension of {head_dim}; vLLM's CPU attention needs at least "
-            f"{MIN_HEAD_DIM}. Use a model with fewer, wider heads (hidden_size / num_attention_heads)"
+            f"checkpoint {path} has a head dimension of {info.head_dim}; vLLM's CPU attention needs at "
+            f"least {MIN_HEAD_DIM}. Use a model with fewer, wider heads (hidden_size / num_attention_heads)"
         )
-    return cfg
+    return info
 
 
 @dataclass
@@ -109,14 +105,14 @@ class VllmRolloutEngine:
         kv_cache_gib: int = 1,
     ) -> None:
         vllm = require_vllm()
-        cfg = check_checkpoint(checkpoint)
+        info = check_checkpoint(checkpoint)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._vllm = vllm
-        self.tokenizer = ByteTokenizer.from_file(checkpoint / "tokenizer.json")
-        self._context = int(cfg["max_position_embeddings"])
+        self.tokenizer = Tokenizer.from_dir(checkpoint)
+        self._context = info.context_length
         self._version = WeightVersion(version)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)

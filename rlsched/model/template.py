@@ -1,4 +1,14 @@
-"""Conversation templates in MLC's `conv_template` format: messages -> prompt text -> token ids.
+"""Prompt formats: a checkpoint's own chat template, or an MLC-style `conv_template`.
+
+A job's prompts come from the checkpoint's chat template by default (`ChatTemplate`: the Jinja
+template in its tokenizer files, applied by transformers with `add_generation_prompt`), as vLLM and
+every peer framework do. An MLC template (`ConvTemplate`, `configs/templates/NAME.json`, chosen with
+`model.template`) serves checkpoints that have none, and `rlsched template render`. Both render
+messages to text, which the tokenizer encodes without adding special tokens, and both say which
+token ids end an assistant turn (`resolve_prompt_format` adds the checkpoint's EOS ids and the ids
+of single-token stop strings, so a template's stops need no ids of a particular vocabulary).
+
+MLC templates: messages -> prompt text -> token ids.
 
 A template (`configs/templates/NAME.json`) names a system template with a `{system_message}`
 placeholder, the role strings, role templates (`{user_message}`, ...), one or two separators
@@ -23,7 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlsched.errors import UserError
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.tokenizer import Tokenizer
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "configs" / "templates"
 ROLE_PLACEHOLDERS = {"user": "{user_message}", "assistant": "{assistant_message}", "tool": "{tool_message}"}
@@ -106,7 +116,7 @@ class ConvTemplate(BaseModel):
         return "".join(parts)
 
     def encode(
-        self, tokenizer: ByteTokenizer, messages: Sequence[Message], add_generation_prompt: bool = True
+        self, tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> list[int]:
         return list(self.system_prefix_token_ids) + tokenizer.encode(
             self.render(messages, add_generation_prompt)
@@ -141,6 +151,59 @@ class ConvTemplate(BaseModel):
         gen = q(self.roles["assistant"] + self.role_empty_sep)
         lines.append("{%- if add_generation_prompt -%}{{ " + gen + " }}{%- endif -%}")
         return "\n".join(lines)
+
+
+class ChatTemplate:
+    """A checkpoint's own chat template (Jinja, from its tokenizer files), applied by transformers."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, stop_token_ids: tuple[int, ...], name: str = "checkpoint"
+    ) -> None:
+        if tokenizer.chat_template is None:
+            raise ValueError("the tokenizer has no chat template")
+        self._tok = tokenizer
+        self.name = name
+        self.stop_str: tuple[str, ...] = ()
+        self.stop_token_ids = stop_token_ids
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        try:
+            text = self._tok.hf.apply_chat_template(
+                [m.model_dump() for m in messages],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as err:  # noqa: BLE001 - a template's raise_exception() is bad input
+            raise UserError(f"the checkpoint's chat template refused the messages: {err}") from None
+        return str(text)
+
+    def encode(
+        self, tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        return tokenizer.encode(self.render(messages, add_generation_prompt))
+
+
+PromptFormat = ConvTemplate | ChatTemplate
+
+
+def resolve_prompt_format(
+    tokenizer: Tokenizer, eos_token_ids: Sequence[int], template: str | None, source: str
+) -> PromptFormat:
+    """The checkpoint's chat template, or the MLC template `template` names; with the token ids that
+    end a turn: the checkpoint's EOS ids, the template's own ids and its single-token stop strings."""
+    if template is None:
+        if tokenizer.chat_template is None:
+            raise UserError(
+                f"checkpoint {source} has no chat template (no chat_template.jinja, none in "
+                "tokenizer_config.json) and model.template is not set; set model.template to one of "
+                f"{', '.join(available_templates())} (configs/templates/), or add a chat template to "
+                "the checkpoint"
+            )
+        return ChatTemplate(tokenizer, tuple(sorted(set(eos_token_ids))))
+    conv = load_template(template)
+    stops = set(conv.stop_token_ids) | set(eos_token_ids)
+    stops |= {i for s in conv.stop_str if (i := tokenizer.id_of(s)) is not None}
+    return conv.model_copy(update={"stop_token_ids": tuple(sorted(stops))})
 
 
 def _jinja_literal(s: str) -> str:

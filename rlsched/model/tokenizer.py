@@ -1,120 +1,116 @@
-"""Byte-level tokenizer, saved in the `tokenizers` library's format, and an incremental detokenizer.
+"""A checkpoint's tokenizer (transformers' `AutoTokenizer`) and an incremental detokenizer.
 
-Ids 0-5 are the special tokens, ids 6-261 are the 256 byte values in order. Any UTF-8 text encodes
-without an unknown token, and the same `tokenizer.json` is loaded unchanged by transformers and vLLM
-(a ByteLevel pre-tokenizer over a BPE model with no merges: every byte is one token).
+`Tokenizer` is the narrow face rlsched needs of a Hugging Face tokenizer: encode text to ids
+without adding special tokens (a chat template already wrote BOS where the model wants one, as
+vLLM's chat path does), decode ids, tell special tokens apart, render the checkpoint's own chat
+template. Encoding goes through the fast (Rust) tokenizer, so rlsched, transformers and vLLM split
+text, special tokens included, identically.
 
-Encoding goes through the `tokenizers` library so that rlsched, transformers and vLLM split special
-tokens identically. Decoding is ours: a byte table plus the stdlib incremental UTF-8 decoder, which
-holds back the bytes of a character that has not fully arrived, so a stream never shows half a
-character.
+`IncrementalDetokenizer` turns a growing list of ids into text deltas the way vLLM and TGI do: it
+decodes a short window of recent ids and emits only text that a longer window cannot change, and it
+holds back a trailing partial character (U+FFFD from a byte-level or byte-fallback token that does
+not yet form a whole character). That works for any tokenizer whose decoding depends on context
+(SentencePiece's leading spaces, byte-level BPE's split characters), where decoding token by token
+would not.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-SPECIAL_TOKENS: tuple[str, ...] = ("<unk>", "<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>")
-UNK_ID, BOS_ID, EOS_ID, PAD_ID, IM_START_ID, IM_END_ID = range(6)
-BYTE_OFFSET = len(SPECIAL_TOKENS)
-TOKENIZER_VOCAB = BYTE_OFFSET + 256
+REPLACEMENT = "\ufffd"
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map, the alphabet of ByteLevel."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+class Tokenizer:
+    """Encode text (special tokens recognised) to ids; decode ids to text."""
 
-
-def build_hf_tokenizer() -> Tokenizer:
-    """The `tokenizers` object that is written as `tokenizer.json`."""
-    byte_chars = _bytes_to_unicode()
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({byte_chars[b]: BYTE_OFFSET + b for b in range(256)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return tok
-
-
-class ByteTokenizer:
-    """Encode text (special tokens recognised) to ids; decode ids to text or bytes."""
-
-    def __init__(self, hf: Tokenizer | None = None) -> None:
-        self._hf = hf if hf is not None else build_hf_tokenizer()
-        self.vocab_size = TOKENIZER_VOCAB
-        self.special_ids = frozenset(range(BYTE_OFFSET))
+    def __init__(self, hf: Any) -> None:
+        self.hf = hf
+        self._fast = getattr(hf, "backend_tokenizer", None)  # the `tokenizers` object, when fast
+        self.vocab_size = len(hf)
+        self.special_ids = frozenset(int(i) for i in hf.all_special_ids)
 
     @classmethod
-    def from_file(cls, path: Path) -> ByteTokenizer:
-        tok = Tokenizer.from_file(str(path))
-        if tok.get_vocab_size(with_added_tokens=True) != TOKENIZER_VOCAB:
-            raise ValueError(f"{path} is not an rlsched byte-level tokenizer (vocab size differs)")
-        return cls(tok)
+    def from_dir(cls, path: Path) -> Tokenizer:
+        from transformers import AutoTokenizer
 
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(json.loads(self._hf.to_str()), indent=1, ensure_ascii=False))
+        return cls(AutoTokenizer.from_pretrained(str(path), trust_remote_code=False))
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.hf, "chat_template", None)
+        return template if isinstance(template, str) and template.strip() else None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = self.hf.eos_token_id
+        return int(eos) if eos is not None else None
+
+    @property
+    def pad_token_id(self) -> int | None:
+        pad = self.hf.pad_token_id
+        return int(pad) if pad is not None else None
 
     def encode(self, text: str) -> list[int]:
-        return list(self._hf.encode(text, add_special_tokens=False).ids)
+        if self._fast is not None:
+            return list(self._fast.encode(text, add_special_tokens=False).ids)
+        return list(self.hf.encode(text, add_special_tokens=False))
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [list(e.ids) for e in self._hf.encode_batch(texts, add_special_tokens=False)]
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token stands for; special tokens stand for their own text."""
-        if token_id < BYTE_OFFSET:
-            return SPECIAL_TOKENS[token_id].encode()
-        if token_id < TOKENIZER_VOCAB:
-            return bytes((token_id - BYTE_OFFSET,))
-        return b""  # padding rows of the embedding: never produced by a trained model
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if self._fast is not None:
+            return [list(e.ids) for e in self._fast.encode_batch(list(texts), add_special_tokens=False)]
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        data = b"".join(
-            self.token_bytes(i) for i in ids if not (skip_special_tokens and i in self.special_ids)
-        )
-        return data.decode("utf-8", errors="replace")
+        ids = list(ids)
+        if self._fast is not None:
+            return str(self._fast.decode(ids, skip_special_tokens=skip_special_tokens))
+        return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
-    def id_of(self, token: str) -> int:
-        return SPECIAL_TOKENS.index(token)
+    def id_of(self, token: str) -> int | None:
+        """The id of a token written as text (e.g. '<|im_end|>'), or None if it is not one token."""
+        ids = self.encode(token)
+        return ids[0] if len(ids) == 1 and self.decode(ids, skip_special_tokens=False) == token else None
+
+    def save(self, out: Path) -> None:
+        self.hf.save_pretrained(str(out))
 
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas that never split a character."""
 
-    def __init__(self, tokenizer: ByteTokenizer, skip_special_tokens: bool = True) -> None:
+    # ids decoded before the read offset, so that context-dependent decoders (a leading space
+    # that belongs to the next word) see enough to decode the new ids as the whole text would
+    CONTEXT = 6
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the window decoded for context
+        self._read = 0  # ids before this have been emitted as text
         self.text = ""
 
     def push(self, token_id: int) -> str:
         """Add one token; return the new complete characters (possibly empty)."""
-        if self._skip and token_id in self._tok.special_ids:
-            return ""
-        delta = self._decoder.decode(self._tok.token_bytes(token_id))
+        self._ids.append(token_id)
+        window = self._tok.decode(self._ids[self._prefix :], self._skip)
+        seen = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        if len(window) <= len(seen) or window.endswith(REPLACEMENT):
+            return ""  # nothing new yet, or a character still incomplete
+        delta = window[len(seen) :]
+        self._read = len(self._ids)
+        self._prefix = max(0, self._read - self.CONTEXT)
         self.text += delta
         return delta
 
     def flush(self) -> str:
-        """End of stream: bytes still held back become replacement characters."""
-        delta = self._decoder.decode(b"", final=True)
+        """End of stream: what is held back is emitted (an incomplete character as U+FFFD)."""
+        window = self._tok.decode(self._ids[self._prefix :], self._skip)
+        seen = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        delta = window[len(seen) :] if len(window) > len(seen) else ""
+        self._read = len(self._ids)
         self.text += delta
         return delta

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlsched.engine.protocol import GenerationRequest, RequestId, RolloutEngine, SamplingParams
-from rlsched.model.template import ConvTemplate
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.template import PromptFormat
+from rlsched.model.tokenizer import Tokenizer
 from rlsched.rl.task import TaskProblem
 from verifiers.loading import VerifierSet
 from verifiers.protocol import Verdict, VerifyRequest, run_verifier
@@ -26,8 +26,8 @@ class EvalResult:
 
 def evaluate(
     engine: RolloutEngine,
-    tokenizer: ByteTokenizer,
-    template: ConvTemplate,
+    tokenizer: Tokenizer,
+    template: PromptFormat,
     problems: Sequence[TaskProblem],
     *,
     max_tokens: int = 8,

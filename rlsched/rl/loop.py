@@ -13,26 +13,26 @@ bytes, exactly as a remote instance will. Each iteration:
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
-from rlsched.engine.torch_engine import TorchRolloutEngine
-from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, save_checkpoint, to_bf16_bytes
-from rlsched.model.llama import LlamaForCausalLM
-from rlsched.model.template import load_template
+from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
+from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats, group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task
-from rlsched.rl.update import TrainItem, grpo_update
+from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy
 from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest, run_verifier
 
@@ -82,18 +82,20 @@ class GRPOLoop:
     ) -> None:
         self.cfg = cfg
         torch.manual_seed(cfg.run.seed)
-        self.ckpt = checkpoint or load_checkpoint(cfg.model.checkpoint)
-        self.policy = self.ckpt.model
-        self.policy.train()
+        self.ckpt = checkpoint or load_checkpoint(cfg.model.checkpoint, template=cfg.model.template)
+        self.policy = prepare_policy(self.ckpt.model, cfg.trainer)
         self.reference = self._frozen_copy() if cfg.grpo.kl_coef > 0 else None
         self.engine = TorchRolloutEngine(
-            self._frozen_copy(),
+            self._frozen_copy().to(engine_dtype(str(cfg.engine.dtype))),
             self.ckpt.tokenizer,
             max_batch=cfg.engine.max_batch,
             use_cache=cfg.engine.use_cache,
             seed=cfg.run.seed,
         )
-        self.template = load_template(cfg.model.template) if cfg.model.template else self.ckpt.template
+        self.engine.load_weights(to_bf16_bytes(self.policy), WeightVersion(0))  # the published BF16 values
+        self.template = self.ckpt.template
+        pad = self.ckpt.tokenizer.pad_token_id
+        self.options = TrainOptions.of(cfg.trainer, pad if pad is not None else 0)
         self.task = build_task(cfg.task)
         self.verifier = verifier  # a test's stand-in; otherwise each sample's kind from `verifiers`
         self.verifiers = VerifierSet(cfg.verifier.kind)
@@ -103,10 +105,8 @@ class GRPOLoop:
         self.log = log
         self.sampling = sampling_params(cfg.sampling, self.template)
 
-    def _frozen_copy(self) -> LlamaForCausalLM:
-        copy = LlamaForCausalLM(self.policy.config)
-        copy.load_state_dict(self.policy.state_dict())
-        return copy.eval().requires_grad_(False)
+    def _frozen_copy(self) -> Any:
+        return copy.deepcopy(self.policy).eval().requires_grad_(False)
 
     # -- the iteration -----------------------------------------------------------------------
 
@@ -158,7 +158,9 @@ class GRPOLoop:
             TrainItem(s.prompt_ids, s.token_ids, s.logprobs, float(a))
             for s, a in zip(samples, advantages.tolist(), strict=True)
         ]
-        return grpo_update(self.policy, self.optimizer, items, self.cfg.grpo, reference=self.reference)
+        return grpo_update(
+            self.policy, self.optimizer, items, self.cfg.grpo, options=self.options, reference=self.reference
+        )
 
     def publish(self) -> str:
         """The new version's BF16 bytes go to the engine, as they will go to remote instances."""
@@ -259,5 +261,6 @@ def write_outputs(loop: GRPOLoop, report: RunReport, out_dir: Path) -> tuple[Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
     path.write_text(json.dumps(report.to_json(), indent=1))
-    ckpt = save_checkpoint(loop.policy, loop.ckpt.tokenizer, loop.template, out_dir / "checkpoint")
+    blob = to_bf16_bytes(loop.policy)
+    ckpt = write_checkpoint(loop.ckpt.path, blob, out_dir / "checkpoint", loop.cfg.model.template)
     return path, ckpt

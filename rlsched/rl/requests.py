@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 from rlsched.config import SamplingConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
-from rlsched.model.template import ConvTemplate
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.template import PromptFormat
+from rlsched.model.tokenizer import Tokenizer
 from rlsched.rl.task import TaskProblem
 
 
-def sampling_params(cfg: SamplingConfig, template: ConvTemplate) -> SamplingParams:
+def sampling_params(cfg: SamplingConfig, template: PromptFormat) -> SamplingParams:
     return SamplingParams(
         temperature=cfg.temperature,
         top_p=cfg.top_p,
@@ -30,8 +30,8 @@ def group_requests(
     problems: Sequence[TaskProblem],
     group_size: int,
     prefix: str,
-    tokenizer: ByteTokenizer,
-    template: ConvTemplate,
+    tokenizer: Tokenizer,
+    template: PromptFormat,
     params: SamplingParams,
 ) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
     """The requests, in problem-major order, and which problem each one answers."""

@@ -20,16 +20,20 @@ training problems drawn from the rest.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from rlsched.config import TaskConfig, TaskKind
 from rlsched.errors import UserError
-from rlsched.model.template import ConvTemplate, Message
+from rlsched.model.template import Message, PromptFormat
+
+if TYPE_CHECKING:
+    from rlsched.rl.datasets import DatasetTask
+    from rlsched.rl.word_problems import ArithmeticTask
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ class Problem:
     def messages(self) -> list[Message]:
         return [Message(role="user", content=self.content)]
 
-    def prompt(self, template: ConvTemplate) -> str:
+    def prompt(self, template: PromptFormat) -> str:
         return template.render(self.messages())
 
 
@@ -118,6 +122,13 @@ class TaskLine(BaseModel):
     verifier: str | None = None  # this sample's verifier kind, if not the job's
     split: Literal["train", "eval"] | None = None
 
+    @field_validator("prompt", "reference", "messages")
+    @classmethod
+    def _not_empty(cls, value: str | tuple[Message, ...] | None) -> str | tuple[Message, ...] | None:
+        if value is not None and not (value.strip() if isinstance(value, str) else value):
+            raise ValueError("is empty; give it a value or remove the line")
+        return value
+
     @model_validator(mode="after")
     def _one_prompt(self) -> TaskLine:
         if (self.prompt is None) == (self.messages is None):
@@ -127,6 +138,9 @@ class TaskLine(BaseModel):
 
 @dataclass(frozen=True)
 class JsonlProblem:
+    """A problem given as a conversation and a reference: a JSONL line, a dataset row
+    (rlsched/rl/datasets.py) or a generated word problem (rlsched/rl/word_problems.py)."""
+
     id: str
     conversation: tuple[Message, ...]
     answer: str
@@ -135,7 +149,7 @@ class JsonlProblem:
     def messages(self) -> list[Message]:
         return list(self.conversation)
 
-    def prompt(self, template: ConvTemplate) -> str:
+    def prompt(self, template: PromptFormat) -> str:
         return template.render(self.conversation)
 
     def has_carry(self) -> bool:
@@ -155,7 +169,7 @@ def _read_lines(path: Path) -> list[tuple[str | None, JsonlProblem]]:
         except ValidationError as err:
             first = err.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "line"
-            errors.append(f"line {n}: {where}: {first['msg']}")
+            errors.append(f"line {n}: {where}: {first['msg'].removeprefix('Value error, ')}")
             continue
         convo = line.messages or (Message(role="user", content=line.prompt or ""),)
         problems.append(
@@ -196,13 +210,84 @@ class JsonlTask:
             yield rng.choice(self._train)
 
 
-def build_task(cfg: TaskConfig) -> AdditionTask | JsonlTask:
+def build_task(cfg: TaskConfig) -> AdditionTask | JsonlTask | DatasetTask | ArithmeticTask:
+    # the dataset and word-problem modules build on JsonlProblem, so they are imported here, when
+    # used (which also spares every other task the second it takes to import `datasets`)
     match cfg.name:
         case TaskKind.ADDITION:
             return AdditionTask(cfg.digits, cfg.eval_size, cfg.seed)
         case TaskKind.JSONL:
             assert cfg.path is not None  # the config's validator guarantees it
             return JsonlTask(cfg.path, cfg.eval_size, cfg.seed)
+        case TaskKind.DATASET:
+            from rlsched.rl.datasets import load_dataset_task
+
+            return load_dataset_task(cfg)
+        case TaskKind.ARITHMETIC:
+            from rlsched.rl.word_problems import ArithmeticTask
+
+            return ArithmeticTask(cfg.level, cfg.train_size, cfg.eval_size, cfg.seed)
 
 
 TaskProblem = Problem | JsonlProblem
+
+
+# -- checks every task shares ----------------------------------------------------------------------
+
+
+def name_rows(rows: Sequence[str], shown: int = 5) -> str:
+    """The first few of a list of rows, and how many there are: never a wall of text, never silent."""
+    if len(rows) <= shown:
+        return ", ".join(rows)
+    return f"{', '.join(rows[:shown])} and {len(rows) - shown} more ({len(rows)} in all)"
+
+
+def problem_name(problem: TaskProblem) -> str:
+    """How a problem is named to the user: its id, or the addition problem itself."""
+    return problem.id if isinstance(problem, JsonlProblem) else problem.content
+
+
+@dataclass(frozen=True)
+class PromptRoom:
+    """How a task's prompts fit the model's context: an answer, not a refusal."""
+
+    rows: int
+    longest: int  # tokens of the longest prompt
+    context_length: int
+    max_tokens: int
+    cramped: int  # prompts leaving less than max_tokens of room: their generations stop at the context
+
+    def note(self) -> str | None:
+        """A line for the user when some generations will be cut short by the context, else None."""
+        if not self.cramped:
+            return None
+        return (
+            f"{self.cramped} of {self.rows} prompts leave less than sampling.max_tokens ({self.max_tokens}) "
+            f"of the {self.context_length}-token context (the longest has {self.longest} tokens); their "
+            "generations stop at the context. Lower sampling.max_tokens or shorten those prompts"
+        )
+
+
+def check_prompt_lengths(
+    problems: Sequence[TaskProblem],
+    count_tokens: Callable[[TaskProblem], int],
+    context_length: int,
+    max_tokens: int,
+    source: str,
+) -> PromptRoom:
+    """Refuse prompts that leave no room for even one generated token in `context_length`, naming
+    them; return how the rest fit (prompts leaving less than `max_tokens` are counted, not refused)."""
+    lengths = [count_tokens(p) for p in problems]
+    too_long = [
+        f"{problem_name(p)} ({n} tokens)"
+        for p, n in zip(problems, lengths, strict=True)
+        if n >= context_length
+    ]
+    if too_long:
+        raise UserError(
+            f"{source}: {len(too_long)} prompt(s) fill the model's {context_length}-token context, leaving "
+            f"no room to generate: {name_rows(too_long)}. Shorten or filter those prompts, or pick a "
+            "model with a longer context (lowering sampling.max_tokens cannot make room)"
+        )
+    cramped = sum(1 for n in lengths if n + max_tokens > context_length)
+    return PromptRoom(len(lengths), max(lengths, default=0), context_length, max_tokens, cramped)

@@ -4,18 +4,25 @@ A `TrainItem` is all an update needs of a sample: its prompt and completion ids,
 engine reported when it sampled them, and its advantage. Data-parallel ranks each take a shard,
 divide by the whole batch's token count, and sum their gradients through `reduce_grads` (an
 all-reduce), so every rank applies the same step and their weights stay identical.
+
+Within a rank the shard runs in micro-batches of at most `TrainOptions.micro_batch_tokens` padded
+tokens, gradients accumulating; the loss of each is already divided by the whole batch's token
+count, so the sum is the gradient of one token-level mean whatever the split. Optional BF16
+autocast (fp32 master weights, BF16 matmuls: AMX on CPUs that have it, tensor cores on GPUs) and
+gradient checkpointing trade precision and recomputation for speed and memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rlsched.config import GRPOConfig
-from rlsched.model.llama import LlamaForCausalLM
-from rlsched.rl.batching import pack, token_logprobs
+from rlsched.config import GRPOConfig, Precision, TrainerConfig
+from rlsched.rl.batching import PackedBatch, micro_batches, pack, sequence_logprobs
 from rlsched.rl.grpo import LossStats, grpo_loss
 
 
@@ -27,45 +34,105 @@ class TrainItem:
     advantage: float
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    pad_id: int = 0
+    micro_batch_tokens: int = 16384
+    precision: Precision = Precision.FP32
+
+    @classmethod
+    def of(cls, cfg: TrainerConfig, pad_id: int) -> TrainOptions:
+        return cls(pad_id=pad_id, micro_batch_tokens=cfg.micro_batch_tokens, precision=cfg.precision)
+
+
+def prepare_policy(model: Any, cfg: TrainerConfig) -> Any:
+    """The policy in train mode, with gradient checkpointing where asked."""
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model.train()
+
+
+def _autocast(precision: Precision) -> contextlib.AbstractContextManager[Any]:
+    if precision is Precision.BF16:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> Iterator[tuple[list[TrainItem], PackedBatch]]:
+    lengths = [len(i.prompt_ids) + len(i.token_ids) for i in items]
+    for group in micro_batches(lengths, opts.micro_batch_tokens):
+        chosen = [items[i] for i in group]
+        yield chosen, pack([i.prompt_ids for i in chosen], [i.token_ids for i in chosen], opts.pad_id)
+
+
+def _old_logprobs(items: Sequence[TrainItem], batch: PackedBatch) -> torch.Tensor:
+    old = torch.zeros_like(batch.loss_mask)
+    for row, (item, sl) in enumerate(zip(items, batch.completion_slices, strict=True)):
+        old[row, sl] = torch.tensor(item.logprobs)
+    return old
+
+
+def _micro_step(
+    policy: Any,
+    reference: Any | None,
+    items: list[TrainItem],
+    batch: PackedBatch,
+    cfg: GRPOConfig,
+    opts: TrainOptions,
+    token_count: float,
+) -> LossStats:
+    ref = None
+    with _autocast(opts.precision):
+        if reference is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref = sequence_logprobs(reference, batch)
+        new = sequence_logprobs(policy, batch)
+    loss, stats = grpo_loss(
+        new,
+        _old_logprobs(items, batch),
+        torch.tensor([i.advantage for i in items]),
+        batch.loss_mask,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        ref_logp=ref,
+        kl_coef=cfg.kl_coef,
+        token_count=token_count,
+    )
+    loss.backward()
+    return stats
+
+
+def _add(a: LossStats, b: LossStats) -> LossStats:
+    """Every field is a share of one mean over the whole batch's tokens, so shares add up."""
+    return LossStats(
+        a.loss + b.loss, a.clip_fraction + b.clip_fraction, a.kl + b.kl, a.mean_ratio + b.mean_ratio
+    )
+
+
 def grpo_update(
-    policy: LlamaForCausalLM,
+    policy: Any,
     optimizer: torch.optim.Optimizer,
     items: Sequence[TrainItem],
     cfg: GRPOConfig,
     *,
-    reference: LlamaForCausalLM | None = None,
+    options: TrainOptions | None = None,
+    reference: Any | None = None,
     token_count: float | None = None,
-    reduce_grads: Callable[[LlamaForCausalLM], None] | None = None,
+    reduce_grads: Callable[[Any], None] | None = None,
 ) -> LossStats:
+    opts = options or TrainOptions()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
-    stats = LossStats(0.0, 0.0, 0.0, 1.0)
-    if items:
-        batch = pack([i.prompt_ids for i in items], [i.token_ids for i in items], policy.config.pad_token_id)
-        old = torch.zeros_like(batch.loss_mask)
-        for row, (item, sl) in enumerate(zip(items, batch.completion_slices, strict=True)):
-            old[row, sl] = torch.tensor(item.logprobs)
-        ref = None
-        if reference is not None and cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref = token_logprobs(reference(batch.input_ids), batch.targets)
-        new = token_logprobs(policy(batch.input_ids), batch.targets)
-        advantages = torch.tensor([i.advantage for i in items])
-        loss, stats = grpo_loss(
-            new,
-            old,
-            advantages,
-            batch.loss_mask,
-            clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high,
-            ref_logp=ref,
-            kl_coef=cfg.kl_coef,
-            token_count=token_count,
-        )
-        loss.backward()
-    else:  # a rank with an empty shard still takes part in the all-reduce
+    total = token_count if token_count is not None else float(sum(len(i.token_ids) for i in items))
+    stats = LossStats(0.0, 0.0, 0.0, 0.0)  # this shard's shares; summed over ranks by the caller
+    for chunk, batch in _chunks(items, opts):
+        stats = _add(stats, _micro_step(policy, reference, chunk, batch, cfg, opts, total))
+    if not items:  # a rank with an empty shard still takes part in the all-reduce
         for p in policy.parameters():
-            p.grad = torch.zeros_like(p)
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
     if reduce_grads is not None:
         reduce_grads(policy)
     torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)

@@ -1,30 +1,34 @@
-"""Component fixtures: a small random-weight model (fast, no shipped checkpoint needed)."""
+"""Component fixtures: the tiny Llama (tests/tiny_models.py; `tiny_dirs` lives in tests/conftest.py)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from rlsched.engine.torch_engine import TorchRolloutEngine
-from rlsched.model.llama import LlamaConfig, LlamaForCausalLM
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.checkpoint import Checkpoint, load_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads() -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # 2 threads on 2 cores stall whenever another process runs (OpenMP waits)
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> LlamaForCausalLM:
-    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, max_position_embeddings=96))
-    model.init_weights(seed=7)
-    # larger weights than a fresh init so that sampled sequences vary and logits are not flat
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)
-    return model.eval()
+def tiny(tiny_dirs: dict[str, Path]) -> Checkpoint:
+    """The tiny Llama, fp32, loaded once (tests must not change its weights)."""
+    return load_checkpoint(tiny_dirs["llama"])
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny: Checkpoint) -> Any:
+    return tiny.model
 
 
 @pytest.fixture()
-def engine(tiny_model: LlamaForCausalLM) -> TorchRolloutEngine:
-    return TorchRolloutEngine(tiny_model, ByteTokenizer(), max_batch=64, seed=3)
+def engine(tiny_dirs: dict[str, Path]) -> TorchRolloutEngine:
+    ck = load_checkpoint(tiny_dirs["llama"])
+    return TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=64, seed=3)

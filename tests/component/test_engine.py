@@ -1,6 +1,10 @@
-"""The torch rollout engine: streaming order, determinism, finish reasons, resume, abort, seeds."""
+"""The torch rollout engine over Hugging Face models: the same tokens and log-probs as transformers'
+own forward, on every family; continuous batching; streaming order; finish reasons; resume; abort;
+seeds; weights by tensor name, tied heads included."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,22 +17,53 @@ from rlsched.engine.protocol import (
     SamplingParams,
 )
 from rlsched.engine.torch_engine import TorchRolloutEngine
-from rlsched.model.llama import LlamaForCausalLM
-from rlsched.model.tokenizer import ByteTokenizer
+from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes
+from rlsched.model.template import Message
 
-TOK = ByteTokenizer()
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+FAMILIES = ["llama", "llama_tied", "qwen2", "qwen3", "mistral"]
 
 
-def req(
-    i: int, params: SamplingParams = GREEDY, prompt: str | None = None, **kw: object
-) -> GenerationRequest:
-    text = prompt if prompt is not None else f"prompt number {i}:" + "x" * (i % 5)
-    return GenerationRequest(RequestId(str(i)), tuple(TOK.encode(text)), params, **kw)  # type: ignore[arg-type]
+def prompt_ids(ck: Checkpoint, i: int) -> tuple[int, ...]:
+    text = f"What is {i}+{3 * i}?" + " x" * (i % 5)
+    return tuple(ck.template.encode(ck.tokenizer, [Message(role="user", content=text)]))
 
 
-def test_greedy_is_deterministic_and_batch_independent(engine: TorchRolloutEngine) -> None:
-    batch = [req(i) for i in range(6)]
+def req(ck: Checkpoint, i: int, params: SamplingParams = GREEDY, **kw: object) -> GenerationRequest:
+    return GenerationRequest(RequestId(str(i)), prompt_ids(ck, i), params, **kw)  # type: ignore[arg-type]
+
+
+def _reference_logprobs(
+    model: torch.nn.Module, prompt: tuple[int, ...], tokens: tuple[int, ...]
+) -> list[float]:
+    with torch.no_grad():
+        logp = model(torch.tensor([[*prompt, *tokens]])).logits.float().log_softmax(-1)[0]
+    n = len(prompt)
+    return [float(logp[n - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_and_logprobs_match_transformers(family: str, tiny_dirs: dict[str, Path]) -> None:
+    """Continuous batching (3 rows for 6 requests) gives HF `generate`'s greedy tokens and the log-probs
+    of its full forward; Mistral's 48-token window is crossed (prompts ~30 + 40 new tokens)."""
+    ck = load_checkpoint(tiny_dirs[family])
+    ref = load_checkpoint(tiny_dirs[family]).model
+    engine = TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=3)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    out = {s.request_id: s for s in engine.generate([req(ck, i, params) for i in range(6)])}
+    for i in range(6):
+        ids = prompt_ids(ck, i)
+        with torch.no_grad():
+            hf = ref.generate(
+                torch.tensor([ids]), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+        s = out[str(i)]
+        assert list(s.token_ids) == hf[0, len(ids) :].tolist()
+        assert list(s.logprobs) == pytest.approx(_reference_logprobs(ref, ids, s.token_ids), abs=1e-4)
+
+
+def test_greedy_is_deterministic_and_batch_independent(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    batch = [req(tiny, i) for i in range(6)]
     first = {s.request_id: s.token_ids for s in engine.generate(batch)}
     again = {s.request_id: s.token_ids for s in engine.generate(list(reversed(batch)))}
     alone = {s.request_id: s.token_ids for s in engine.generate([batch[3]])}
@@ -36,10 +71,10 @@ def test_greedy_is_deterministic_and_batch_independent(engine: TorchRolloutEngin
     assert alone["3"] == first["3"]
 
 
-def test_cache_and_no_cache_engines_agree(tiny_model: LlamaForCausalLM) -> None:
-    batch = [req(i) for i in range(5)]
-    cached = TorchRolloutEngine(tiny_model, TOK, use_cache=True)
-    plain = TorchRolloutEngine(tiny_model, TOK, use_cache=False)
+def test_cache_and_no_cache_engines_agree(tiny_dirs: dict[str, Path], tiny: Checkpoint) -> None:
+    batch = [req(tiny, i) for i in range(5)]
+    cached = TorchRolloutEngine(load_checkpoint(tiny_dirs["llama"]).model, tiny.tokenizer)
+    plain = TorchRolloutEngine(load_checkpoint(tiny_dirs["llama"]).model, tiny.tokenizer, use_cache=False)
     a = {s.request_id: s for s in cached.generate(batch)}
     b = {s.request_id: s for s in plain.generate(batch)}
     for rid in a:
@@ -47,9 +82,20 @@ def test_cache_and_no_cache_engines_agree(tiny_model: LlamaForCausalLM) -> None:
         assert a[rid].logprobs == pytest.approx(b[rid].logprobs, abs=1e-4)
 
 
-def test_short_samples_are_yielded_before_long_ones_finish(engine: TorchRolloutEngine) -> None:
-    short = req(0, SamplingParams(temperature=0.0, max_tokens=2))
-    long = req(1, SamplingParams(temperature=0.0, max_tokens=40))
+def test_a_freed_row_takes_the_next_request_at_once(tiny: Checkpoint, tiny_dirs: dict[str, Path]) -> None:
+    """One row, three requests: each is served as the one before finishes, no wave to wait for."""
+    engine = TorchRolloutEngine(load_checkpoint(tiny_dirs["llama"]).model, tiny.tokenizer, max_batch=1)
+    lengths = {"0": 2, "1": 9, "2": 4}
+    reqs = [req(tiny, int(k), SamplingParams(temperature=0.0, max_tokens=n)) for k, n in lengths.items()]
+    order = [(s.request_id, s.num_tokens) for s in engine.generate(reqs)]
+    assert order == [("0", 2), ("1", 9), ("2", 4)]
+
+
+def test_short_samples_are_yielded_before_long_ones_finish(
+    engine: TorchRolloutEngine, tiny: Checkpoint
+) -> None:
+    short = req(tiny, 0, SamplingParams(temperature=0.0, max_tokens=2))
+    long = req(tiny, 1, SamplingParams(temperature=0.0, max_tokens=40))
     stream = engine.generate([long, short])
     first = next(stream)
     assert first.request_id == "0" and first.num_tokens == 2
@@ -61,99 +107,128 @@ def test_short_samples_are_yielded_before_long_ones_finish(engine: TorchRolloutE
     assert 2 <= second.num_tokens < 40
 
 
-def test_max_tokens_gives_length(engine: TorchRolloutEngine) -> None:
-    (s,) = engine.generate([req(0, SamplingParams(temperature=0.0, max_tokens=5))])
+def test_max_tokens_gives_length(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    (s,) = engine.generate([req(tiny, 0, SamplingParams(temperature=0.0, max_tokens=5))])
     assert s.finish_reason is FinishReason.LENGTH and s.num_tokens == 5 and len(s.logprobs) == 5
 
 
-def test_stop_token_gives_stop_and_is_kept_in_ids(engine: TorchRolloutEngine) -> None:
-    (free,) = engine.generate([req(0, SamplingParams(temperature=0.0, max_tokens=12))])
+def test_stop_token_gives_stop_and_is_kept_in_ids(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    (free,) = engine.generate([req(tiny, 0, SamplingParams(temperature=0.0, max_tokens=12))])
     stop_tok = free.token_ids[3]
     (s,) = engine.generate(
-        [req(0, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=(stop_tok,)))]
+        [req(tiny, 0, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=(stop_tok,)))]
     )
     assert s.finish_reason is FinishReason.STOP and s.stop_reason == stop_tok
     assert s.token_ids[-1] == stop_tok and s.token_ids == free.token_ids[: len(s.token_ids)]
 
 
-def test_stop_string_gives_stop_and_is_cut_from_text(engine: TorchRolloutEngine) -> None:
-    (free,) = engine.generate([req(0, SamplingParams(temperature=0.0, max_tokens=30))])
-    text = TOK.decode(free.token_ids)
-    cut = next(i for i in range(3, len(text)) if text[i] != "\ufffd")
+def test_stop_string_gives_stop_and_is_cut_from_text(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    (free,) = engine.generate([req(tiny, 0, SamplingParams(temperature=0.0, max_tokens=30))])
+    text = tiny.tokenizer.decode(free.token_ids)
+    cut = next(i for i in range(3, len(text)) if text[i].strip() and text[i] != "\ufffd")
     stop = text[cut]
-    (s,) = engine.generate([req(0, SamplingParams(temperature=0.0, max_tokens=30, stop=(stop,)))])
+    (s,) = engine.generate([req(tiny, 0, SamplingParams(temperature=0.0, max_tokens=30, stop=(stop,)))])
     assert s.finish_reason is FinishReason.STOP and s.stop_reason == stop
     assert s.text == text[: text.find(stop)]
 
 
-def test_resume_from_saved_prefix_continues_identically(engine: TorchRolloutEngine) -> None:
+def test_resume_from_saved_prefix_continues_identically(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=16)
-    (full,) = engine.generate([req(0, params)])
+    (full,) = engine.generate([req(tiny, 0, params)])
     saved = full.token_ids[:6]
-    (resumed,) = engine.generate([req(0, params, resume_ids=saved)])
+    (resumed,) = engine.generate([req(tiny, 0, params, resume_ids=saved)])
     assert resumed.token_ids == full.token_ids
     assert resumed.resumed_tokens == 6
     assert resumed.logprobs == pytest.approx(full.logprobs, abs=1e-4)
 
 
-def test_seeded_sampling_is_reproducible_and_batch_independent(engine: TorchRolloutEngine) -> None:
+def test_resumed_and_fresh_requests_share_a_prefill(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    (full,) = engine.generate([req(tiny, 0, params)])
+    mixed = {
+        s.request_id: s
+        for s in engine.generate([req(tiny, 0, params, resume_ids=full.token_ids[:9]), req(tiny, 1, params)])
+    }
+    assert mixed["0"].token_ids == full.token_ids
+    assert mixed["0"].logprobs == pytest.approx(full.logprobs, abs=1e-4)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(
+    engine: TorchRolloutEngine, tiny: Checkpoint
+) -> None:
     p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=10, seed=11)
-    (alone,) = engine.generate([req(0, p)])
-    together = {s.request_id: s for s in engine.generate([req(1, SamplingParams(max_tokens=10)), req(0, p)])}
+    (alone,) = engine.generate([req(tiny, 0, p)])
+    together = {
+        s.request_id: s
+        for s in engine.generate([req(tiny, 1, SamplingParams(max_tokens=10)), req(tiny, 0, p)])
+    }
     assert together["0"].token_ids == alone.token_ids
     other = SamplingParams(temperature=1.0, max_tokens=10, seed=12)
-    outs = {s.token_ids for s in engine.generate([req(k, other, prompt="same") for k in range(8)])}
-    assert len(outs) == 1  # same seed, same prompt: same tokens
+    same = [GenerationRequest(RequestId(str(k)), prompt_ids(tiny, 0), other) for k in range(8)]
+    assert len({s.token_ids for s in engine.generate(same)}) == 1  # same seed, same prompt: same tokens
+    unseeded = [
+        GenerationRequest(RequestId(str(k)), prompt_ids(tiny, 0), SamplingParams(max_tokens=10))
+        for k in range(8)
+    ]
+    assert len({s.token_ids for s in engine.generate(unseeded)}) > 1  # a shared prefill, separate draws
 
 
-def test_top_k_one_is_greedy(engine: TorchRolloutEngine) -> None:
-    (g,) = engine.generate([req(0, GREEDY)])
-    (k1,) = engine.generate([req(0, SamplingParams(temperature=1.0, top_k=1, max_tokens=12))])
+def test_top_k_one_is_greedy(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    (g,) = engine.generate([req(tiny, 0, GREEDY)])
+    (k1,) = engine.generate([req(tiny, 0, SamplingParams(temperature=1.0, top_k=1, max_tokens=12))])
     assert g.token_ids == k1.token_ids
 
 
-def test_logprobs_are_the_raw_model_distribution(
-    engine: TorchRolloutEngine, tiny_model: LlamaForCausalLM
-) -> None:
-    (s,) = engine.generate([req(0, SamplingParams(temperature=0.7, max_tokens=6, seed=1))])
-    seq = torch.tensor([[*s.prompt_ids, *s.token_ids]])
-    with torch.no_grad():
-        logp = tiny_model(seq).log_softmax(-1)[0]
-    n = len(s.prompt_ids)
-    expected = [float(logp[n - 1 + i, t]) for i, t in enumerate(s.token_ids)]
-    assert list(s.logprobs) == pytest.approx(expected, abs=1e-4)
+def test_logprobs_are_the_raw_model_distribution(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
+    (s,) = engine.generate([req(tiny, 0, SamplingParams(temperature=0.7, max_tokens=6, seed=1))])
+    assert list(s.logprobs) == pytest.approx(
+        _reference_logprobs(tiny.model, s.prompt_ids, s.token_ids), abs=1e-4
+    )
 
 
 def test_prompt_longer_than_context_is_rejected(engine: TorchRolloutEngine) -> None:
+    long = GenerationRequest(RequestId("0"), tuple([7] * (engine.context_length + 5)), GREEDY)
     with pytest.raises(RequestRejected, match="context"):
-        list(engine.generate([req(0, prompt="y" * 200)]))
+        list(engine.generate([long]))
 
 
-def test_waves_larger_than_max_batch(tiny_model: LlamaForCausalLM) -> None:
-    small = TorchRolloutEngine(tiny_model, TOK, max_batch=3)
-    big = TorchRolloutEngine(tiny_model, TOK, max_batch=64)
-    batch = [req(i) for i in range(8)]
+def test_more_requests_than_rows(tiny: Checkpoint, tiny_dirs: dict[str, Path]) -> None:
+    small = TorchRolloutEngine(load_checkpoint(tiny_dirs["llama"]).model, tiny.tokenizer, max_batch=3)
+    big = TorchRolloutEngine(load_checkpoint(tiny_dirs["llama"]).model, tiny.tokenizer, max_batch=64)
+    batch = [req(tiny, i, SamplingParams(temperature=0.0, max_tokens=3 + 4 * (i % 3))) for i in range(8)]
     assert {s.request_id: s.token_ids for s in small.generate(batch)} == {
         s.request_id: s.token_ids for s in big.generate(batch)
     }
 
 
-def test_weights_load_with_version_and_checksum(
-    engine: TorchRolloutEngine, tiny_model: LlamaForCausalLM
-) -> None:
-    from rlsched.model.checkpoint import checksum, to_bf16_bytes
-
-    blob = to_bf16_bytes(tiny_model)
-    copy = TorchRolloutEngine(LlamaForCausalLM(tiny_model.config), TOK)
-    assert copy.load_weights(blob, 5) == checksum(blob)  # type: ignore[arg-type]
-    (s,) = copy.generate([req(0)])
+@pytest.mark.parametrize("family", ["llama", "llama_tied"])
+def test_weights_load_by_name_with_version_and_checksum(family: str, tiny_dirs: dict[str, Path]) -> None:
+    """A tied head is published once (safetensors refuses shared tensors) and follows its embedding."""
+    source = load_checkpoint(tiny_dirs[family])
+    with torch.no_grad():
+        for p in source.model.parameters():
+            p.add_(0.01)
+    blob = to_bf16_bytes(source.model)
+    target = load_checkpoint(tiny_dirs[family])
+    engine = TorchRolloutEngine(target.model, target.tokenizer)
+    assert engine.load_weights(blob, 5) == checksum(blob)  # type: ignore[arg-type]
+    (s,) = engine.generate([req(target, 0)])
     assert s.weight_version == 5
+    ref = TorchRolloutEngine(source.model.to(torch.bfloat16).float(), source.tokenizer)
+    (r,) = ref.generate([req(source, 0)])
+    assert s.token_ids == r.token_ids
+    if family == "llama_tied":
+        model = target.model
+        assert (
+            model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+        )
 
 
 def test_rows_of_very_different_lengths_each_stop_at_their_own_limit(engine: TorchRolloutEngine) -> None:
     context = engine.context_length
-    long = req(0, SamplingParams(temperature=0.0, max_tokens=50), prompt="z" * (context - 6))
-    short = req(1, SamplingParams(temperature=0.0, max_tokens=50), prompt="z" * 5)
+    params = SamplingParams(temperature=0.0, max_tokens=50)
+    long = GenerationRequest(RequestId("0"), tuple([7] * (context - 6)), params)
+    short = GenerationRequest(RequestId("1"), (7, 8, 9, 10, 11), params)
     out = {s.request_id: s for s in engine.generate([long, short])}
     assert out["0"].finish_reason is FinishReason.LENGTH and out["0"].num_tokens == 6  # the context is full
     assert out["1"].finish_reason is FinishReason.LENGTH and out["1"].num_tokens == 50

@@ -69,10 +69,10 @@ def test_every_sample_completes_exactly_once_at_an_admissible_version(elastic_ru
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
     gen = [e for e in spans(out) if e["cat"] == "generate"]
     for r in rows:
-        assert r["samples"] == r["used"] == 32 * 4 and r["stale_dropped"] == 0
+        assert r["samples"] == r["used"] == 64 * 4 and r["stale_dropped"] == 0
         assert r["extra"]["sample_versions"] == [r["version"]]  # max_staleness 0
         ids = Counter(e["name"] for e in gen if e["args"]["iteration"] == r["iteration"])
-        assert len(ids) == 128 and set(ids.values()) == {1}
+        assert len(ids) == 256 and set(ids.values()) == {1}
         assert {e["args"]["version"] for e in gen if e["args"]["iteration"] == r["iteration"]} == {
             r["version"]
         }

@@ -23,7 +23,7 @@ def test_a_head_dimension_below_32_is_refused_at_load(tmp_path: Path) -> None:
     (ckpt / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="head dimension of 16; vLLM's CPU attention needs at least 32"):
         check_checkpoint(ckpt)
-    assert check_checkpoint(BASE_CHECKPOINT)["head_dim"] == 32  # the shipped model is served
+    assert check_checkpoint(BASE_CHECKPOINT).head_dim == 32  # the shipped model is served
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

@@ -6,10 +6,19 @@ import jinja2
 import pytest
 
 from rlsched.errors import UserError
-from rlsched.model.template import ConvTemplate, Message, load_template, parse_messages
-from rlsched.model.tokenizer import BYTE_OFFSET, IM_END_ID, IM_START_ID, ByteTokenizer
+from rlsched.model.checkpoint import BASE_CHECKPOINT
+from rlsched.model.template import (
+    ChatTemplate,
+    ConvTemplate,
+    Message,
+    load_template,
+    parse_messages,
+    resolve_prompt_format,
+)
+from rlsched.model.tokenizer import Tokenizer
 
-TOK = ByteTokenizer()
+TOK = Tokenizer.from_dir(BASE_CHECKPOINT)
+BYTE_OFFSET, IM_START_ID, IM_END_ID = 6, 4, 5
 CONVERSATION = [
     Message(role="system", content="Be terse."),
     Message(role="user", content="2+2?"),
@@ -104,3 +113,23 @@ def test_bad_templates_and_messages() -> None:
         parse_messages("[{")
     with pytest.raises(UserError, match="role"):
         parse_messages('[{"role": "wizard", "content": "x"}]')
+
+
+@pytest.mark.parametrize("msgs", [CONVERSATION, CONVERSATION[1:], CONVERSATION[1:2]])
+def test_the_base_checkpoints_chat_template_is_chatml_token_for_token(msgs: list[Message]) -> None:
+    own = ChatTemplate(TOK, (2, 5))
+    assert own.encode(TOK, msgs) == load_template("chatml").encode(TOK, msgs)
+
+
+def test_stop_ids_come_from_the_tokenizer_and_the_checkpoints_eos() -> None:
+    chatml = resolve_prompt_format(TOK, (2,), "chatml", "base")
+    assert isinstance(chatml, ConvTemplate) and chatml.stop_token_ids == (2, IM_END_ID)  # <|im_end|> by text
+    own = resolve_prompt_format(TOK, (2, 5), None, "base")
+    assert isinstance(own, ChatTemplate) and own.stop_token_ids == (2, 5)
+
+
+def test_no_chat_template_and_no_mlc_template_is_refused() -> None:
+    bare = Tokenizer(TOK.hf)
+    bare.hf = TOK.hf.__class__(tokenizer_object=TOK.hf.backend_tokenizer)  # the same vocabulary, no template
+    with pytest.raises(UserError, match=r"no chat template .* set model\.template to one of"):
+        resolve_prompt_format(bare, (2,), None, "somewhere")

@@ -1,13 +1,18 @@
-"""Byte-level tokenizer: exact round trips, and an incremental detokenizer that never splits a character."""
+"""Tokenizers through transformers: the shipped base's byte-level one round-trips exactly, and the
+incremental detokenizer never splits a character, on it and on a trained BPE with merges."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlsched.model.tokenizer import BYTE_OFFSET, IM_END_ID, ByteTokenizer, IncrementalDetokenizer
+from rlsched.model.checkpoint import BASE_CHECKPOINT
+from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from tests.tiny_models import CHATML, tokenizer
 
-TOK = ByteTokenizer()
+TOK = Tokenizer.from_dir(BASE_CHECKPOINT)  # ids 0-5 special, 6-261 the bytes in order
+BPE = Tokenizer(tokenizer(CHATML, "<|im_end|>", "<pad>"))  # byte-level BPE with merges
+BYTE_OFFSET, IM_END_ID = 6, 5
 
 
 @given(st.text(max_size=60))
@@ -41,3 +46,17 @@ def test_truncated_character_becomes_replacement_at_flush() -> None:
     detok = IncrementalDetokenizer(TOK)
     assert detok.push(TOK.encode("€")[0]) == ""
     assert detok.flush() == "\ufffd"
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_incremental_detokenizer_matches_full_decode_with_merges(text: str) -> None:
+    detok = IncrementalDetokenizer(BPE)
+    ids = BPE.encode(text)
+    deltas = [detok.push(i) for i in ids]
+    assert "".join(deltas) + detok.flush() == BPE.decode(ids)
+
+
+def test_special_token_ids_are_found_by_text() -> None:
+    assert TOK.id_of("<|im_end|>") == IM_END_ID
+    assert TOK.id_of("ab") is None  # two tokens
+    assert BPE.id_of("<|im_end|>") is not None and BPE.id_of("<|im_end|>") in BPE.special_ids
