@@ -43,7 +43,7 @@ lint: setup
 model-smollm2: setup
 	$(VENV)/bin/rlsched model import smollm2
 
-bench: setup
+bench: setup model-smollm2
 	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 # the weight service's gRPC stubs, committed so that running needs only grpcio and protobuf

@@ -27,7 +27,7 @@ from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
 from rlsched.rl.evaluate import EvalResult
-from rlsched.rl.task import build_task
+from rlsched.rl.task import build_task, check_prompts
 from rlsched.store.partial import PartialStore, StoreError
 
 
@@ -131,25 +131,29 @@ def _open_inbox(job: str) -> Any:
     return inbox
 
 
-def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> None:
+def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str | None:
     """Check what can be checked before any Ray process starts: checkpoint, template and task load,
-    the partial-output store can be written, and the chosen engine can serve the checkpoint (vLLM
-    installed, where this Python runs the embedded cluster's instances)."""
-    inspect_checkpoint(cfg.model.checkpoint)
-    load_prompting(cfg.model.checkpoint, cfg.model.template)  # the tokenizer and a prompt format exist
+    every prompt fits the model's context, the partial-output store can be written, and the chosen
+    engine can serve the checkpoint (vLLM installed, where this Python runs the embedded cluster's
+    instances). Returns a note for the user when some generations will be cut short by the context."""
+    info = inspect_checkpoint(cfg.model.checkpoint)
+    tokenizer, template = load_prompting(cfg.model.checkpoint, cfg.model.template)
     if cfg.engine.kind is EngineKind.VLLM:
         from rlsched.engine.vllm import check_checkpoint, check_vllm_installed
 
         check_checkpoint(cfg.model.checkpoint or BASE_CHECKPOINT)  # what no install would fix comes first
         if address is None:
             check_vllm_installed()
-    build_task(cfg.task)
+    task = build_task(cfg.task)
+    source = str(cfg.task.path or f"the {cfg.task.name} task")
+    room = check_prompts(task, tokenizer, template, info.context_length, cfg.sampling.max_tokens, source)
     path = store_path(cfg, out_dir)
     if path is not None:
         try:
             PartialStore(path).close()
         except StoreError as err:
             raise UserError(str(err)) from None
+    return room.note()
 
 
 Tick = Callable[[int, str], None]  # (iteration just committed, its one-line summary)
@@ -189,7 +193,9 @@ def run_job(
     queue: str | None = None,
     priority: str | None = None,
 ) -> JobReport:
-    preflight(cfg, out_dir, address)
+    note = preflight(cfg, out_dir, address)
+    if note is not None:
+        log(note)
     started = connect(cfg, address)
     controller: JobController | None = None
     client: ClusterClient | None = None

@@ -82,6 +82,7 @@ class TaskFormat(StrEnum):
 
 
 class ArithmeticLevel(StrEnum):
+    STARTER = "starter"  # addition and subtraction of numbers up to 20, one step, the number only
     EASY = "easy"  # two-digit addition and subtraction, one step
     MEDIUM = "medium"  # up to three digits, and a one-digit times a two-digit number; one step
     HARD = "hard"  # medium's problems and two-step ones

@@ -14,7 +14,11 @@ with an empty tensor (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`
 is why the plain call seemed to work. The worker's `reload_weights` (vLLM's own in-place reload)
 restores each layer's parameters at their checkpoint shapes, loads the tensors by name, and runs
 the layer's post-load processing again, so the repacked kernels hold the new weights on either
-kind of CPU (and on GPUs, where it keeps the tensors CUDA graphs captured).
+kind of CPU (and on GPUs, where it keeps the tensors CUDA graphs captured). A head tied to the
+embeddings is then packed again (`_repack_tied_head`): the reload does not process it, and on CPUs its
+packed kernel would otherwise keep the first version's weights (found by the conformance suite: on
+tied SmolLM2 and tied Llama, vLLM's log-probs after an update sat 3-4 times further from the
+reference than before it).
 """
 
 from __future__ import annotations
@@ -37,4 +41,14 @@ class RlschedWeights:
         data = bytes(blob)
         state = load(data)
         self.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)
+        self._repack_tied_head(state)
         return [checksum(data), len(state)]
+
+    def _repack_tied_head(self, state: dict[str, Any]) -> None:
+        """A head tied to the embeddings comes without weights of its own, so the reload leaves its
+        post-load processing undone; on CPUs vLLM packed its weight into a oneDNN kernel at start,
+        which would go on computing logits with the first version's weights. Pack it again."""
+        head = getattr(self.model_runner.model, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if head is not None and method is not None and "lm_head.weight" not in state:
+            method.process_weights_after_loading(head)

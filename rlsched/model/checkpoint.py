@@ -36,6 +36,7 @@ from rlsched.model.template import PromptFormat, resolve_prompt_format
 from rlsched.model.tokenizer import Tokenizer
 
 BASE_CHECKPOINT = Path(__file__).resolve().parent / "base"
+IMPORTED_SMOLLM2 = "smollm2-135m-instruct"  # the directory `rlsched model import smollm2` writes
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 # files of a checkpoint directory besides its weights, copied when a job writes a new version
 META_FILES = (
@@ -94,10 +95,16 @@ def causal_lm_architectures() -> list[str]:
 
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.is_dir():
+        imported = path.name == IMPORTED_SMOLLM2
         raise UserError(
-            f"checkpoint directory {path} does not exist; give a Hugging Face model directory "
-            "(config.json, safetensors weights, tokenizer files), or leave model.checkpoint unset for "
-            "the shipped base model"
+            f"checkpoint directory {path} does not exist; "
+            + (
+                "it is written by the SmolLM2 import: run `make model-smollm2` (or `rlsched model import "
+                "smollm2`) first, from the directory you run rlsched in"
+                if imported
+                else "give a Hugging Face model directory (config.json, safetensors weights, tokenizer "
+                "files), or leave model.checkpoint unset for the shipped base model"
+            )
         )
     cfg_path = path / "config.json"
     if not cfg_path.is_file():

@@ -31,7 +31,7 @@ from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_b
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats, group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
-from rlsched.rl.task import TaskProblem, build_task
+from rlsched.rl.task import TaskProblem, build_task, check_prompts
 from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy
 from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest, run_verifier
@@ -97,6 +97,12 @@ class GRPOLoop:
         pad = self.ckpt.tokenizer.pad_token_id
         self.options = TrainOptions.of(cfg.trainer, pad if pad is not None else 0)
         self.task = build_task(cfg.task)
+        source = str(cfg.task.path or f"the {cfg.task.name} task")
+        ctx = self.ckpt.info.context_length
+        tok, max_tokens = self.ckpt.tokenizer, cfg.sampling.max_tokens
+        room = check_prompts(self.task, tok, self.template, ctx, max_tokens, source)
+        if (note := room.note()) is not None:
+            log(note)
         self.verifier = verifier  # a test's stand-in; otherwise each sample's kind from `verifiers`
         self.verifiers = VerifierSet(cfg.verifier.kind)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)

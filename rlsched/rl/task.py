@@ -23,13 +23,14 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from rlsched.config import TaskConfig, TaskKind
 from rlsched.errors import UserError
 from rlsched.model.template import Message, PromptFormat
+from rlsched.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from rlsched.rl.datasets import DatasetTask
@@ -203,11 +204,11 @@ class JsonlTask:
                 f'lines; lower task.eval_size ({eval_size}) or mark lines with "split"'
             )
         self.eval_problems: tuple[JsonlProblem, ...] = tuple(held)
-        self._train = train
+        self.train: tuple[JsonlProblem, ...] = tuple(train)
 
     def train_problems(self, rng: random.Random) -> Iterator[JsonlProblem]:
         while True:
-            yield rng.choice(self._train)
+            yield rng.choice(self.train)
 
 
 def build_task(cfg: TaskConfig) -> AdditionTask | JsonlTask | DatasetTask | ArithmeticTask:
@@ -291,3 +292,29 @@ def check_prompt_lengths(
         )
     cramped = sum(1 for n in lengths if n + max_tokens > context_length)
     return PromptRoom(len(lengths), max(lengths, default=0), context_length, max_tokens, cramped)
+
+
+def finite_problems(task: AdditionTask | JsonlTask | Any) -> list[TaskProblem]:
+    """Every prompt a task can send: its held-out and training problems (the addition task's stream
+    is endless and its prompts all alike, so its held-out set stands for it)."""
+    return [*task.eval_problems, *getattr(task, "train", ())]
+
+
+def check_prompts(
+    task: AdditionTask | JsonlTask | Any,
+    tokenizer: Tokenizer,
+    template: PromptFormat,
+    context_length: int,
+    max_tokens: int,
+    source: str,
+) -> PromptRoom:
+    """`check_prompt_lengths` over a task's prompts as the job renders and tokenizes them."""
+    problems = finite_problems(task)
+    counts = dict(
+        zip(
+            map(id, problems),
+            map(len, tokenizer.encode_batch([template.render(p.messages()) for p in problems])),
+            strict=True,
+        )
+    )
+    return check_prompt_lengths(problems, lambda p: counts[id(p)], context_length, max_tokens, source)

@@ -3,11 +3,15 @@
 "Sam has 17 apples and buys 25 more. How many apples does Sam have now? Put the final answer in
 \\boxed{}." The toy `addition` task speaks to the shipped byte-level model; a small Hugging Face
 instruct model (SmolLM2-135M-Instruct writes "17 + 25 = 32") needs plain English, and a problem it can
-reach: the `easy` level is one step of two-digit addition or subtraction, where such a model is right
-often enough for group-relative advantages to have something to reinforce. `medium` adds three-digit
-numbers and a one-digit times a two-digit number; `hard` adds two-step problems.
+reach: the `starter` level is one step of addition or subtraction of numbers up to 20, asking for the
+number only, where such a model is right often enough (about a quarter of the time, greedily) for
+group-relative advantages to have something to reinforce; `easy` is the same with two-digit numbers.
+`medium` adds three-digit numbers and a one-digit times a two-digit number; `hard` adds two-step
+problems.
 
-The prompt asks for `\\boxed{}` (the convention of math RL datasets and of the `math_strict` kind);
+The prompt asks for `\\boxed{}` (the convention of math RL datasets and of the `math_strict` kind),
+except at `starter`, which asks for the number alone (on single-digit problems SmolLM2-135M answered
+43% of them that way and 26% when asked for the box);
 the `math` verifier also accepts the last number of the text, so a model that ignores the box is
 still judged on its arithmetic. References are bare numbers; every problem names verifier `math`.
 
@@ -154,14 +158,31 @@ SUB_SUB = Operation(
 )
 
 
+def _draw_small_add(rng: random.Random, high: int) -> Operands:
+    return rng.randint(1, high), rng.randint(1, high)
+
+
+def _draw_small_sub(rng: random.Random, high: int) -> Operands:
+    a = rng.randint(2, high)
+    return a, rng.randint(1, a - 1)
+
+
+# the same problems with operands from 1: a 135M model's reach (SmolLM2-135M-Instruct answers about
+# a quarter of them greedily, against under a tenth of the two-digit ones)
+SMALL_ADD = Operation("add", _draw_small_add, ADD.answer, ADD.identity, ADD.templates)
+SMALL_SUB = Operation("sub", _draw_small_sub, SUB.answer, SUB.identity, SUB.templates)
+
+
 @dataclass(frozen=True)
 class Level:
     name: str
     high: int  # the largest operand of an addition or subtraction
     operations: tuple[Operation, ...]
+    instruction: str = ANSWER_FORMAT  # how the prompt asks for the answer
 
 
 LEVELS: dict[ArithmeticLevel, Level] = {
+    ArithmeticLevel.STARTER: Level("starter", 20, (SMALL_ADD, SMALL_SUB), "Answer with the number only."),
     ArithmeticLevel.EASY: Level("easy", 99, (ADD, SUB)),
     ArithmeticLevel.MEDIUM: Level("medium", 999, (ADD, SUB, MUL)),
     ArithmeticLevel.HARD: Level("hard", 999, (ADD, SUB, MUL, ADD_SUB, MUL_ADD, SUB_SUB)),
@@ -180,7 +201,7 @@ def draw_problem(rng: random.Random, level: Level) -> JsonlProblem:
     template = rng.choice(op.templates)
     slots = dict(zip("abc", map(str, operands), strict=False))
     question = template.format(name=rng.choice(NAMES), item=rng.choice(ITEMS), **slots)
-    message = Message(role="user", content=f"{question} {ANSWER_FORMAT}")
+    message = Message(role="user", content=f"{question} {level.instruction}")
     return JsonlProblem(problem_id(op, operands), (message,), str(op.answer(operands)), VERIFIER)
 
 

@@ -153,6 +153,69 @@ def test_missing_checkpoint_directory_in_config() -> None:
     )
 
 
+def _base_copy(tmp_path: Path, **config: object) -> Path:
+    ck = tmp_path / "ck"
+    shutil.copytree(ROOT / "rlsched/model/base", ck)
+    data = json.loads((ck / "config.json").read_text())
+    data.update(config)
+    (ck / "config.json").write_text(json.dumps(data))
+    return ck
+
+
+def test_a_directory_without_config_json_is_refused(tmp_path: Path) -> None:
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--set", f"model.checkpoint={tmp_path}")
+    assert_user_error(proc, "no config.json", "not a Hugging Face checkpoint directory")
+
+
+def test_an_architecture_transformers_does_not_know_is_named_with_what_is_supported(tmp_path: Path) -> None:
+    ck = _base_copy(tmp_path, architectures=["FancyNewForCausalLM"], model_type="fancy")
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--set", f"model.checkpoint={ck}")
+    assert_user_error(proc, "FancyNewForCausalLM", "Tested: LlamaForCausalLM, Qwen2ForCausalLM")
+
+
+def test_no_chat_template_and_no_model_template_is_refused(tmp_path: Path) -> None:
+    ck = _base_copy(tmp_path)
+    (ck / "chat_template.jinja").unlink()
+    cfg = json.loads((ck / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (ck / "tokenizer_config.json").write_text(json.dumps(cfg))
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--set", f"model.checkpoint={ck}")
+    assert_user_error(proc, "no chat template", "set model.template to one of", "chatml")
+    ok = rlsched("generate", "--prompt", "1+1", "--checkpoint", str(ck), "--template", "chatml", "--greedy")
+    assert ok.returncode == 0, ok.stderr  # an MLC template serves it
+
+
+def test_a_task_prompt_longer_than_the_context_is_refused_naming_the_row(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    rows = [{"id": f"ok-{i}", "prompt": f"{i}+1", "reference": "2"} for i in range(40)]
+    rows.append({"id": "too-long", "prompt": "9" * 300, "reference": "9"})
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sets = ["--set", f"task.path={f}", "--set", "task.eval_size=16", "--set", "eval.curve_size=16"]
+    proc = rlsched("run", "configs/jobs/custom_task.yaml", *sets)
+    assert_user_error(proc, "too-long", "tokens", "128-token context", "Shorten or filter")
+
+
+def test_a_dataset_missing_a_mapped_column_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(40)))
+    sets = ["--set", "task.name=dataset", "--set", f"task.path={f}", "--set", "task.columns.prompt=problem"]
+    proc = rlsched(
+        "run",
+        "configs/jobs/custom_task.yaml",
+        *sets,
+        "--set",
+        "task.eval_size=16",
+        "--set",
+        "eval.curve_size=16",
+    )
+    assert_user_error(proc, "problem", "question", "answer")
+
+
+def test_the_smollm2_job_without_the_import_says_to_run_it_first(tmp_path: Path) -> None:
+    proc = rlsched("run", str(ROOT / "configs/jobs/smollm2.yaml"), cwd=tmp_path)  # no models/ there
+    assert_user_error(proc, "make model-smollm2", "rlsched model import smollm2")
+
+
 def test_bad_task_file_line_is_named(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text('{"prompt": "1+1", "reference": "2"}\n{"prompt": "2+2"}\n')

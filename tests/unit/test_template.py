@@ -101,7 +101,7 @@ def test_system_prefix_token_ids_are_prepended() -> None:
 
 
 def test_bad_templates_and_messages() -> None:
-    with pytest.raises(UserError, match="not found; available: chatml, llama-2"):
+    with pytest.raises(UserError, match="not found; available: chatml, llama-2, smollm2"):
         load_template("no-such-template")
     with pytest.raises(ValueError, match="seps"):
         ConvTemplate(name="x", roles={"user": "u", "assistant": "a"}, seps=())

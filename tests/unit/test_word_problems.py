@@ -30,9 +30,10 @@ def test_held_out_set_does_not_depend_on_the_training_size() -> None:
 
 @pytest.mark.parametrize("level", list(ArithmeticLevel))
 def test_held_out_problems_never_reach_training(level: ArithmeticLevel) -> None:
-    task = ArithmeticTask(level, train_size=1500, eval_size=500, seed=1)
+    train, held_n = (250, 100) if level is ArithmeticLevel.STARTER else (1500, 500)  # starter has 400
+    task = ArithmeticTask(level, train_size=train, eval_size=held_n, seed=1)
     held = {p.id for p in task.eval_problems}
-    assert len(held) == 500 and len({p.id for p in task.train}) == 1500
+    assert len(held) == held_n and len({p.id for p in task.train}) == train
     assert not held & {p.id for p in task.train}
     stream = task.train_problems(random.Random(0))
     assert not any(task.is_held_out(next(stream)) for _ in range(3000))
@@ -59,11 +60,13 @@ def answer_of(problem_id: str) -> int:
 
 @pytest.mark.parametrize("level", list(ArithmeticLevel))
 def test_problems_are_plain_english_with_positive_bare_answers(level: ArithmeticLevel) -> None:
-    task = ArithmeticTask(level, train_size=300, eval_size=100, seed=2)
+    task = ArithmeticTask(level, train_size=200, eval_size=100, seed=2)
+    ask = LEVELS[level].instruction
+    assert ask == ("Answer with the number only." if level is ArithmeticLevel.STARTER else ANSWER_FORMAT)
     for p in (*task.eval_problems, *task.train):
         (message,) = p.messages()
-        assert message.role == "user" and message.content.endswith(ANSWER_FORMAT)
-        assert "{" not in message.content.removesuffix(ANSWER_FORMAT)  # every slot filled
+        assert message.role == "user" and message.content.endswith(ask)
+        assert "{" not in message.content.removesuffix(ask)  # every slot filled
         assert p.verifier == "math" and not p.has_carry()
         assert p.answer == str(answer_of(p.id)) and int(p.answer) > 0
         operands = re.findall(r"\d+", message.content)
@@ -110,5 +113,7 @@ def test_config_builds_it_and_refuses_keys_of_other_tasks() -> None:
         load_config(None, ["task.name=arithmetic", "task.digits=2"])
     with pytest.raises(UserError, match=r"task\.level is only for task\.name 'arithmetic'"):
         load_config(None, ["task.level=hard"])
-    with pytest.raises(UserError, match=r"task\.level: Input should be 'easy', 'medium' or 'hard'"):
+    with pytest.raises(
+        UserError, match=r"task\.level: Input should be 'starter', 'easy', 'medium' or 'hard'"
+    ):
         load_config(None, ["task.name=arithmetic", "task.level=trivial"])
