@@ -9,10 +9,10 @@ but not across CPUs: the trajectory depends on the kernels' rounding. The shippe
 on another machine; on an AVX-512/AMX one this script and the hand-written model it replaced both
 train other bases (1.8% and 17.0% greedy), so they are kept as they were. About 1.5 minutes here.
 Prints the loss, and on 256 held-out problems the greedy pass rate and the sampled pass rate
-(overall and on carry problems), then the greedy pass rate on all 1,024. The shipped base ends at 16.1% greedy (3.0% on
-carry problems): it follows the teacher's majority and forgets carries. More supervised steps on the
-same data do not fix that (`scripts/bench_rl_vs_sft.py`). Writes the checkpoint directory (default:
-the package's `rlsched/model/base/`) with `pretrain_log.json` beside it.
+(overall and on carry problems), then the greedy pass rate on all 1,024. The shipped base ends at
+16.1% greedy (3.0% on carry problems): it follows the teacher's majority and forgets carries. More
+supervised steps on the same data do not fix that (`scripts/bench_rl_vs_sft.py`). Writes the
+checkpoint directory (default: the package's `rlsched/model/base/`) with `pretrain_log.json` beside it.
 """
 
 from __future__ import annotations
