@@ -99,7 +99,8 @@ class JobController:
         self.spans: list[Span] = []
         self.tokenizer, self.template = load_prompting(cfg.model.checkpoint, cfg.model.template)
         self.task = build_task(cfg.task)
-        self.verifiers = VerifierSet(cfg.verifier.kind)  # for evaluation in the driver
+        # for evaluation in the driver
+        self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.sampling = sampling_params(cfg.sampling, self.template)
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None

@@ -175,7 +175,9 @@ class VerifierPool:
         )
         if self.pg is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
-        handle = VerifierWorker.options(**options).remote(wid, self.cfg.kind, self.cfg.delay_s)
+        handle = VerifierWorker.options(**options).remote(
+            wid, self.cfg.kind, self.cfg.delay_s, self.cfg.sandbox.policy()
+        )
         self.slots[wid] = _Slot(handle, SlotState.STARTING)
         self.starting[handle.heartbeat.remote()] = wid
         return wid

@@ -35,6 +35,7 @@ from verifiers.protocol import (
     run_stage,
     run_verifier,
 )
+from verifiers.sandbox import SandboxPolicy
 
 Stage = Literal["whole", "cpu", "gpu"]  # a whole verification, or one stage of a two-stage verifier
 
@@ -51,10 +52,16 @@ class Heartbeat:
 
 @ray.remote(max_concurrency=2)
 class VerifierWorker:
-    def __init__(self, worker_id: str, kind: str = "exact_answer", delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        kind: str = "exact_answer",
+        delay_s: float = 0.0,
+        sandbox: SandboxPolicy | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self.delay_s = delay_s
-        self.verifiers = VerifierSet(kind)
+        self.verifiers = VerifierSet(kind, sandbox)
         self._lock = threading.Lock()
         self._current: tuple[str, int, float] | None = None
 

@@ -313,7 +313,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
-    from verifiers.sandbox import SandboxLimits, run_sandboxed
+    from verifiers.sandbox import Isolation, Outcome, SandboxLimits, SandboxPolicy, run_sandboxed
 
     if not args.file.is_file():
         raise UserError(f"{args.file} does not exist; give a Python file to run in the sandbox")
@@ -324,22 +324,33 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         program = args.file.read_text()
     except ValueError as err:
         raise UserError(f"sandbox run: {err} (--timeout and --memory must be positive)") from None
-    result = run_sandboxed(program, limits)
+    pairs = tuple((p.split(":", 1)[0], p.split(":", 1)[-1]) for p in args.read_only)
+    policy = SandboxPolicy(Isolation(args.isolation) if args.isolation else None, pairs)
+    if (problem := policy.check()) is not None:
+        raise UserError(f"sandbox run: {problem} (--read-only)")
+    result = run_sandboxed(program, limits, policy)
     if args.json:
         print(json.dumps(result.to_json()))
-        return 0
+        return 2 if result.outcome is Outcome.ERROR else 0
     print(result.stdout, end="" if result.stdout.endswith("\n") or not result.stdout else "\n")
     if result.stderr:
         err_console.print(result.stderr.rstrip(), markup=False, highlight=False)
     latency = (
         f", killed in {1000 * result.kill_latency_s:.1f} ms" if result.kill_latency_s is not None else ""
     )
+    peak = f" peak_memory={result.peak_memory_mb:.0f}MB" if result.peak_memory_mb is not None else ""
     console.print(
         f"outcome={result.outcome} exit_code={result.exit_code} wall={result.wall_s:.3f}s "
-        f"cpu={result.cpu_s:.3f}s max_rss={result.max_rss_mb:.0f}MB isolation={result.isolation}{latency}",
+        f"cpu={result.cpu_s:.3f}s max_rss={result.max_rss_mb:.0f}MB{peak} isolation={result.isolation}"
+        f"{latency}",
         markup=False,
         highlight=False,
     )
+    if result.missing:
+        err_console.print(f"weaker isolation: missing {'; '.join(result.missing)}", markup=False)
+    if result.outcome is Outcome.ERROR:
+        err_console.print(f"error: the sandbox could not run it: {result.error}", markup=False)
+        return 2
     return 0
 
 
@@ -519,6 +530,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     box_run.add_argument(
         "--memory", type=int, default=512, metavar="MB", help="address-space limit (default 512)"
+    )
+    box_run.add_argument(
+        "--isolation",
+        choices=["strict", "best_effort"],
+        help="strict: refuse when a namespace, cgroup or per-run uid is missing; best_effort: run anyway "
+        "and say what is missing (default: strict where the machine allows it)",
+    )
+    box_run.add_argument(
+        "--read-only",
+        action="append",
+        default=[],
+        metavar="PATH[:INSIDE]",
+        help="a host path the program may read, bound read-only (at INSIDE, default the same path)",
     )
     box_run.add_argument("--json", action="store_true", help="print one JSON object")
     box_run.set_defaults(func=cmd_sandbox_run)

@@ -20,6 +20,7 @@ from rlsched.errors import UserError
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.transfer.plane import Plane
+from verifiers.sandbox import Isolation, SandboxPolicy
 
 
 class _Section(BaseModel):
@@ -319,6 +320,33 @@ class TimeoutConfig(_Section):
         return self
 
 
+class SandboxConfig(_Section):
+    """Where untrusted code runs (`verifiers/sandbox.py`): a minimal root, namespaces, a cgroup and a
+    uid of its own per run."""
+
+    isolation: Isolation | None = Field(
+        None,
+        description="strict: refuse to run when a namespace, a cgroup controller or per-run uids are "
+        "missing; best_effort: run anyway and name what is missing in every outcome; unset: strict "
+        "where the machine allows it, best_effort (with the missing isolation named) elsewhere",
+    )
+    read_only: list[str] = Field(
+        [],
+        description="extra host paths the program may read (a dataset, a package directory), bound "
+        "read-only at the same path inside; HOST:INSIDE to put one elsewhere",
+    )
+
+    def policy(self) -> SandboxPolicy:
+        pairs = tuple(tuple(p.split(":", 1)) if ":" in p else (p, p) for p in self.read_only)
+        return SandboxPolicy(self.isolation, pairs)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _paths(self) -> SandboxConfig:
+        if (problem := self.policy().check()) is not None:
+            raise ValueError(problem)
+        return self
+
+
 class VerifierConfig(_Section):
     kind: str = Field("exact_answer", description="a shipped kind, or 'module:callable' of your own")
     workers: int = Field(2, ge=1)
@@ -341,6 +369,7 @@ class VerifierConfig(_Section):
         "group costs less idle; the stopped one is requeued and runs again from the start",
     )
     timeout: TimeoutConfig = TimeoutConfig()
+    sandbox: SandboxConfig = SandboxConfig()
     heartbeat_s: float = Field(2.0, gt=0, description="how often a busy worker is asked how it is doing")
     heartbeat_timeout_s: float = Field(
         30.0, gt=0, description="a busy worker silent this long is declared lost: killed, its work requeued"

@@ -1,51 +1,68 @@
-"""Judge a Python solution against test cases, in the sandbox.
+"""Judge a Python solution against test cases: the solution runs in the sandbox, the tests on the host.
 
 The sample's text is the solution (a fenced ```python block is taken from it if there is one); the
 reference is JSON: `{"tests": ["assert add(1, 2) == 3", ...], "key": "problem-17"}` (`key`, optional,
-names the test set whose history sets the timeout; the sample id's problem otherwise). A harness
-runs the solution, then each test in turn, and prints one JSON line: how many passed and the first
-failure. Reward = the fraction of tests passed; correct = all passed.
+names the test set whose history sets the timeout; the sample id's problem otherwise). A test is any
+Python statement block: an `assert`, or a HumanEval-style `def check(candidate): ...` followed by
+`check(add)`. Reward = the fraction of tests passed; correct = all passed.
+
+A verdict the solution cannot forge. The tests and their expected values never enter the sandbox.
+The sandboxed program is a small server (`_SERVER` below): it runs the solution, reports the names
+of the functions it defined, then answers calls, one JSON line each, over a channel of its own
+(fds 3 and 4, not stdout). On the host every such name is a proxy: the test code runs in the
+verifier's process, and each call of `add(1, 2)` travels to the sandbox as plain data and comes back
+as plain data (`verifiers/plain_data.py`: exact built-in types only, rebuilt fresh on the host).
+So exiting early, emptying a list of tests, an object whose comparisons are always true, patching
+modules or builtins, printing a verdict line: none of these changes what the host computes, and the
+number of tests comes from the reference, never from the program. One limit of this shape: a
+solution's mutations of its arguments do not reach the host (the arguments are copies).
 
 The contract decides what a timeout means. A solution must finish within its time limit, so a
 solution that hangs, exhausts memory or crashes is a wrong answer (reward 0), not a fault. The
-verifier faults only when it cannot judge: the sandbox itself failed, the reference is malformed,
-or the harness produced no result. The result line carries a fresh random mark and is the last thing
-the harness prints before `os._exit`; a solution could still read the mark from its own source and
-race a forged line in from a thread (noted, not yet closed). Time limits are adaptive per key
+verifier faults only when it cannot judge: the sandbox itself failed (or refused to run with the
+isolation it was asked for), or the reference is malformed. Time limits are adaptive per key
 (`rlsched.policy.timeouts`, RollPacker's rule): correct runs raise the key's anchor, and a run is
 stopped at `min(max(floor, 1.5 x anchor), cap)`.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
-import secrets
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from rlsched.policy.timeouts import TimeoutParams, TimeoutTable
+from verifiers import plain_data
 from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, VerifyRequest, fenced_code
 from verifiers.sandbox import Outcome as Run
-from verifiers.sandbox import SandboxLimits, run_sandboxed
+from verifiers.sandbox import Running, Sandbox, SandboxLimits, SandboxPolicy, SandboxResult
 
-_HARNESS = """
-import json, os, sys
-_tests = json.loads({tests!r})
-_passed, _first = 0, ""
-_ns = {{"__name__": "__solution__"}}
+# after plain_data's source: run the solution, say what it defined, answer calls until told to stop
+_SERVER = """
+import os as _os
+_rin, _rout = open(3, "rb"), open(4, "wb", buffering=0)
+_say = lambda message: _rout.write((json.dumps(message, separators=(",", ":")) + "\\n").encode())
+_ns = {"__name__": "__solution__"}
 try:
-    exec(compile({solution!r}, "solution.py", "exec"), _ns)
+    exec(compile(_SOLUTION, "solution.py", "exec"), _ns)
 except BaseException as _err:
-    _first = "the solution does not run: " + repr(_err)[:200]
-else:
-    for _test in _tests:
-        try:
-            exec(compile(_test, "test.py", "exec"), _ns)
-            _passed += 1
-        except BaseException as _err:
-            _first = _first or (_test[:120] + ": " + repr(_err)[:160])
-sys.stdout.flush()
-print({mark!r} + json.dumps({{"passed": _passed, "total": len(_tests), "first_failure": _first}}), flush=True)
-os._exit(0)  # nothing of the solution's (atexit hooks, threads) may print after the result
+    _say({"error": repr(_err)[:300]})
+    _os._exit(0)
+_say({"ready": sorted(k for k, v in _ns.items() if callable(v) and not k.startswith("__"))})
+for _line in _rin:
+    _req = json.loads(_line)
+    if _req.get("op") == "exit":
+        break
+    try:
+        _value = _ns[_req["fn"]](*decode(_req["args"]), **decode(_req["kwargs"]))
+        _say({"id": _req["id"], "value": encode(_value)})
+    except BaseException as _err:
+        _say({"id": _req["id"], "raised": type(_err).__name__, "detail": repr(_err)[:300]})
+_os._exit(0)
 """
+_PLAIN_DATA_SOURCE = Path(plain_data.__file__).read_text()
 
 
 def solution_of(text: str) -> str:
@@ -53,12 +70,100 @@ def solution_of(text: str) -> str:
     return fenced_code(text, ("python", "py"))
 
 
+def server_program(solution: str) -> str:
+    return f"{_PLAIN_DATA_SOURCE}\n_SOLUTION = {solution!r}\n{_SERVER}"
+
+
+class SolutionGone(Exception):
+    """The solution's process is no longer answering: it exited, was killed, or ran out of time."""
+
+
+class RemoteError(Exception):
+    """The solution raised an exception that is not a built-in one."""
+
+
+class _Remote:
+    """The host's side of the channel: a call of a proxy is a request line and a response line."""
+
+    def __init__(self, run: Running) -> None:
+        self.run = run
+        self.calls = 0
+
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.calls += 1
+        try:
+            request = {
+                "id": self.calls,
+                "fn": name,
+                "args": plain_data.encode(list(args)),
+                "kwargs": plain_data.encode(kwargs),
+            }
+        except plain_data.NotPlainData as err:
+            raise TypeError(f"the test passes {name} an argument that cannot cross: {err}") from None
+        if not self.run.send(json.dumps(request).encode()):
+            raise SolutionGone("the solution's process is gone")
+        line = self.run.receive()
+        if line is None:
+            raise SolutionGone("the solution's process stopped answering")
+        try:
+            reply = json.loads(line)
+            if reply.get("id") != self.calls:
+                raise ValueError("a reply out of order")
+            raised = str(reply["raised"]) if "raised" in reply else None
+            value = None if raised is not None else plain_data.decode(reply["value"])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise SolutionGone(f"a malformed reply from the solution ({err})") from None
+        if raised is not None:
+            raise _exception(raised, str(reply.get("detail", "")))
+        return value
+
+
+def _exception(name: str, detail: str) -> Exception:
+    """The solution's exception, as the built-in of that name (so a test may catch ValueError), or a
+    RemoteError."""
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(detail)
+        except TypeError:
+            pass
+    return RemoteError(f"{name}: {detail}")
+
+
+class _Proxy:
+    def __init__(self, remote: _Remote, name: str) -> None:
+        self._remote, self.__name__ = remote, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._remote.call(self.__name__, args, kwargs)
+
+
+def run_tests(tests: list[str], names: list[str], remote: _Remote) -> tuple[int, str]:
+    """Run each test on the host against the solution's functions; (passed, first failure)."""
+    namespace: dict[str, Any] = {"__name__": "__tests__"}
+    namespace.update({name: _Proxy(remote, name) for name in names})
+    passed, first = 0, ""
+    for test in tests:
+        try:
+            exec(compile(test, "test.py", "exec"), namespace)
+            passed += 1
+        except Exception as err:  # noqa: BLE001 (a failing test, whatever it raised)
+            first = first or f"{test.strip().splitlines()[-1][:120]}: {type(err).__name__}: {str(err)[:160]}"
+    return passed, first
+
+
 class CodeVerifier:
     name = "code"
 
-    def __init__(self, limits: SandboxLimits | None = None, timeouts: TimeoutParams | None = None) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        timeouts: TimeoutParams | None = None,
+        policy: SandboxPolicy | None = None,
+    ) -> None:
         self.limits = limits or SandboxLimits()
         self.timeouts = TimeoutTable(timeouts)
+        self.policy = policy or SandboxPolicy()
 
     def verify(self, request: VerifyRequest) -> Outcome:
         try:
@@ -70,30 +175,41 @@ class CodeVerifier:
         if not tests:
             return self._fault(request, FaultKind.CRASH, "reference has no tests")
         timeout = self.timeouts.timeout(key)
-        mark = f"__rlsched_{secrets.token_hex(8)}__"  # per run, so output cannot be forged ahead of time
-        program = _HARNESS.format(tests=json.dumps(tests), solution=solution_of(request.text), mark=mark)
-        limits = SandboxLimits(
-            **(vars(self.limits) | {"timeout_s": timeout, "cpu_s": max(1, int(timeout) + 1)})
-        )
-        run = run_sandboxed(program, limits)
-        match run.outcome:
-            case Run.ERROR:
-                return self._fault(request, FaultKind.RESOURCES, f"sandbox: {run.stderr.strip()[:300]}")
-            case Run.TIMEOUT:
-                return Verdict(
-                    request.sample_id, 0.0, False, f"timeout: did not finish within {timeout:.3g} s"
-                )
-            case Run.MEMORY:
-                return Verdict(request.sample_id, 0.0, False, f"memory limit ({limits.memory_mb} MB)")
-        line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith(mark)), None)
-        if line is None:  # killed by a signal, or it closed stdout: the solution's doing
-            return Verdict(request.sample_id, 0.0, False, f"no result ({run.outcome}, signal {run.signal})")
-        result = json.loads(line.removeprefix(mark))
-        passed, total = int(result["passed"]), int(result["total"])
-        if passed == total:
-            self.timeouts.correct_run(key, run.wall_s)
-        return Verdict(request.sample_id, passed / total, passed == total, result["first_failure"])
+        limits = replace(self.limits, timeout_s=timeout, cpu_s=max(1, int(timeout) + 1))
+        with Sandbox.create(self.policy, persistent=False) as box:
+            run = box.start(server_program(solution_of(request.text)), limits=limits, channel=True)
+            passed, first = self._judge(run, tests)
+            run.send(b'{"op": "exit"}')
+            result = run.wait()
+        if result.outcome is Run.ERROR:
+            detail = (result.error or result.stderr)[:300]
+            return self._fault(request, FaultKind.RESOURCES, f"sandbox: {detail}")
+        if passed < len(tests) and result.outcome in (Run.TIMEOUT, Run.MEMORY):
+            first = _limit_detail(result, timeout, limits) + (f"; {first}" if first else "")
+        if passed == len(tests):
+            self.timeouts.correct_run(key, result.wall_s)
+        return Verdict(request.sample_id, passed / len(tests), passed == len(tests), first)
+
+    @staticmethod
+    def _judge(run: Running, tests: list[str]) -> tuple[int, str]:
+        hello = run.receive()
+        if hello is None:  # it never got as far as defining its functions
+            return 0, "no result: the solution's process ended before it was ready"
+        try:
+            message = json.loads(hello)
+            if "error" in message:
+                return 0, f"the solution does not run: {message['error']}"
+            names = [str(n) for n in message["ready"] if str(n).isidentifier()]
+        except (ValueError, KeyError, TypeError):
+            return 0, "no result: a malformed first message from the solution's process"
+        return run_tests(tests, names, _Remote(run))
 
     @staticmethod
     def _fault(request: VerifyRequest, kind: FaultKind, detail: str) -> ExecutionFault:
         return ExecutionFault(request.sample_id, kind, f"code: {detail}", request.attempt)
+
+
+def _limit_detail(result: SandboxResult, timeout: float, limits: SandboxLimits) -> str:
+    if result.outcome is Run.TIMEOUT:
+        return f"timeout: did not finish within {timeout:.3g} s"
+    return f"memory limit ({limits.memory_mb} MB)"

@@ -15,6 +15,7 @@ from typing import Any
 
 from verifiers.exact_answer import ExactAnswerVerifier
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
+from verifiers.sandbox import SandboxPolicy
 
 SHIPPED = ("exact_answer", "math", "math_strict", "code", "synthetic", "cuda")
 
@@ -40,7 +41,8 @@ class _FunctionVerifier:
         )
 
 
-def load_verifier(spec: str) -> Verifier:
+def load_verifier(spec: str, sandbox: SandboxPolicy | None = None) -> Verifier:
+    """The verifier a spec names; `sandbox` is the policy of the kinds that run untrusted code."""
     match spec:
         case "exact_answer":
             return ExactAnswerVerifier()
@@ -51,7 +53,7 @@ def load_verifier(spec: str) -> Verifier:
         case "code":
             from verifiers.code import CodeVerifier
 
-            return CodeVerifier()
+            return CodeVerifier(policy=sandbox)
         case "synthetic":
             from verifiers.synthetic import SyntheticVerifier
 
@@ -96,12 +98,13 @@ def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
 class VerifierSet:
     """Verifiers by spec, loaded on first use: a sample's metadata may name its own kind."""
 
-    def __init__(self, default: str) -> None:
+    def __init__(self, default: str, sandbox: SandboxPolicy | None = None) -> None:
         self.default = default
+        self.sandbox = sandbox
         self._loaded: dict[str, Verifier] = {}
 
     def get(self, spec: str | None = None) -> Verifier:
         key = spec or self.default
         if key not in self._loaded:
-            self._loaded[key] = load_verifier(key)
+            self._loaded[key] = load_verifier(key, self.sandbox)
         return self._loaded[key]

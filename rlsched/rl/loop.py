@@ -104,7 +104,7 @@ class GRPOLoop:
         if (note := room.note()) is not None:
             log(note)
         self.verifier = verifier  # a test's stand-in; otherwise each sample's kind from `verifiers`
-        self.verifiers = VerifierSet(cfg.verifier.kind)
+        self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.version = WeightVersion(0)

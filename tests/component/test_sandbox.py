@@ -1,78 +1,370 @@
-"""The sandbox against hostile programs: each outcome recorded, the parent healthy, nothing left behind.
+"""The sandbox against hostile programs: each outcome recorded, nothing planted read, nothing left behind.
 
-Real subprocesses in real PID, network and mount namespaces (this machine allows them as root); where
-they are not available the isolation tests are skipped with the reason and the fallback is tested.
+Real subprocesses in a real minimal root, in real mount, PID, network, IPC and UTS namespaces, under
+real cgroups (this machine allows them as root). After every hostile run the host is scanned: no
+process of the run alive, no file the program wrote in any directory the host would let it write
+to, no SysV object it made, no cgroup or root directory of the run left. Where the machine lacks
+the isolation (not root, no cgroups), those tests are skipped with the reason, and the refusal and
+best-effort paths are tested with the machine's real capabilities replaced by what is missing.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from verifiers.sandbox import Isolation, Outcome, SandboxLimits, namespaces_available, run_sandboxed
-
-needs_ns = pytest.mark.skipif(
-    not namespaces_available(), reason="PID/net/mount namespaces need root and unshare"
+from verifiers.cgroups import find_controllers
+from verifiers.sandbox import (
+    Capabilities,
+    Isolation,
+    Outcome,
+    Sandbox,
+    SandboxLimits,
+    SandboxPolicy,
+    capabilities,
+    run_sandboxed,
 )
 
-HOSTILE = {
-    "fork bomb": ("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", Outcome.TIMEOUT),
-    "memory bomb": ("x = bytearray(4 << 30)", Outcome.MEMORY),
-    "infinite loop": ("while True: pass", Outcome.TIMEOUT),
-    "double fork + setsid daemon": (
-        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        "        time.sleep(600)\n    os._exit(0)\ntime.sleep(600)",
-        Outcome.TIMEOUT,
-    ),
-    "write outside the temporary directory": ("open('/etc/rlsched-evil', 'w').write('x')", Outcome.EXIT),
-    "connect to a local port": (
-        "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)",
-        Outcome.EXIT,
-    ),
-    "read the parent's environment": (
-        "import os\nprint(open(f'/proc/{os.getppid() or 1}/environ').read())",
-        Outcome.EXIT,
-    ),
-    "signal the parent": (
-        "import os, signal\nos.kill(os.getppid() or 1, signal.SIGKILL)\nimport time; time.sleep(600)",
-        Outcome.TIMEOUT,
-    ),
-    "flood stdout": ("import sys\nwhile True: sys.stdout.write('x' * 65536)", Outcome.TIMEOUT),
-}
+REPO = Path(__file__).resolve().parents[2]
+MISSING = capabilities().missing()
+isolated = pytest.mark.skipif(bool(MISSING), reason=f"this machine lacks: {'; '.join(MISSING)}")
 LIMITS = SandboxLimits(timeout_s=1.5, memory_mb=256, processes=32, output_bytes=4096)
+MARK = f"rlsched-canary-{secrets.token_hex(6)}"  # in every file a hostile program tries to write
+SECRET = secrets.token_hex(16)  # in every file planted for a hostile program to find
+SHM_KEY, MSG_KEY = 0x5A17_0001, 0x5A17_0002
 
 
-@needs_ns
-@pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_program(name: str) -> None:
-    program, expected = HOSTILE[name]
+def _world_writable() -> list[str]:
+    """Directories on the host that any uid may write to: where a run could leave something."""
+    found = subprocess.run(
+        [
+            "find",
+            "/",
+            "(",
+            "-path",
+            "/proc",
+            "-o",
+            "-path",
+            "/sys",
+            "-o",
+            "-path",
+            "/tmp/ray",
+            ")",
+            "-prune",
+            "-o",
+            "-type",
+            "d",
+            "-perm",
+            "-0002",
+            "-print",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.split()
+    return sorted({"/tmp", "/var/tmp", "/dev/shm", "/run/lock", *found[:400]})
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[dict[str, object]]:
+    """Files planted on the host, and the directories a run could write to."""
+    planted = [REPO / f".{MARK}-planted", Path("/var/lib") / f"{MARK}-planted"]
+    for path in planted:
+        path.write_text(SECRET)
+        path.chmod(0o644)
+    yield {"planted": [str(p) for p in planted], "writable": _world_writable()}
+    for path in planted:
+        path.unlink(missing_ok=True)
+
+
+def _scan(writable: list[str]) -> list[str]:
+    """What a run left on the host: files of ours in writable places, SysV objects, cgroups, roots."""
+    left = [f"{d}/{n}" for d in writable if os.path.isdir(d) for n in _names(d) if MARK in n]
+    for kind in ("shm", "msg"):
+        rows = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+        left += [f"sysv {kind} {r.split()[0]}" for r in rows if int(r.split()[0]) in (SHM_KEY, MSG_KEY)]
+    for controller in find_controllers().values():
+        left += [str(p) for p in controller.base.glob("run-*")]
+    return left
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _hostile(host: dict[str, object]) -> dict[str, tuple[str, set[Outcome]]]:
+    planted, writable = host["planted"], host["writable"]
+    return {
+        "fork bomb": (
+            "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+            {Outcome.TIMEOUT},
+        ),
+        "memory bomb": ("x = bytearray(4 << 30)", {Outcome.MEMORY}),
+        "fork and allocate in 8 processes": (
+            "import os, time\nfor _ in range(8):\n    if os.fork() == 0:\n        b = bytearray(100 << 20)\n"
+            "        for i in range(0, len(b), 4096): b[i] = 1\n        time.sleep(30)\n"
+            "while True:\n    try: os.wait()\n    except ChildProcessError: break",
+            {Outcome.MEMORY},
+        ),
+        "infinite loop": ("while True: pass", {Outcome.TIMEOUT}),
+        "double fork + setsid daemon": (
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(600)\n    os._exit(0)\ntime.sleep(600)",
+            {Outcome.TIMEOUT},
+        ),
+        "read planted files and a task's references": (
+            f"for p in {[*planted, str(REPO / 'configs/tasks/addition_sample.jsonl')]!r}:\n"
+            "    try: print(open(p).read())\n    except OSError as e: print('refused', p, e.errno)",
+            {Outcome.OK},
+        ),
+        "list /, /home, /root and /proc/1": (
+            "import os\nfor d in ['/', '/home', '/root', '/proc/1']:\n"
+            "    try: print(d, sorted(os.listdir(d)))\n"
+            "    except OSError as e: print(d, 'refused', e.errno)\n"
+            "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "print('cmdline', [open(f'/proc/{p}/cmdline').read() for p in pids])",
+            {Outcome.OK},
+        ),
+        "write to every host-writable directory": (
+            f"for d in {writable!r} + ['/', '/etc', '/usr', '/python', '/run', '/var/tmp', '/dev/mqueue']:\n"
+            f"    try: open(d + '/{MARK}', 'w').write('x'); print('wrote', d)\n"
+            "    except OSError: pass",
+            {Outcome.OK},
+        ),
+        "leave SysV shared memory and a message queue": (
+            "import ctypes\nlibc = ctypes.CDLL(None)\n"
+            f"print(libc.shmget({SHM_KEY}, 4096, 0o1000 | 0o666), libc.msgget({MSG_KEY}, 0o1000 | 0o666))",
+            {Outcome.OK},
+        ),
+        "connect to a local port": (
+            "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)",
+            {Outcome.EXIT},
+        ),
+        "read the parent's environment": (
+            "import os\nprint(open(f'/proc/{os.getppid() or 1}/environ').read())",
+            {Outcome.EXIT},
+        ),
+        "signal the parent": (  # its parent is the namespace's init, which runs as another uid
+            "import os, signal\nos.kill(os.getppid() or 1, signal.SIGKILL)\nimport time; time.sleep(600)",
+            {Outcome.EXIT},
+        ),
+        "flood stdout": ("import sys\nwhile True: sys.stdout.write('x' * 65536)", {Outcome.TIMEOUT}),
+    }
+
+
+HOSTILE_NAMES = [
+    "fork bomb",
+    "memory bomb",
+    "fork and allocate in 8 processes",
+    "infinite loop",
+    "double fork + setsid daemon",
+    "read planted files and a task's references",
+    "list /, /home, /root and /proc/1",
+    "write to every host-writable directory",
+    "leave SysV shared memory and a message queue",
+    "connect to a local port",
+    "read the parent's environment",
+    "signal the parent",
+    "flood stdout",
+]
+
+
+@isolated
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_program(name: str, host: dict[str, object]) -> None:
+    program, expected = _hostile(host)[name]
     me = os.getpid()
+    roots_before = set(Path("/tmp").glob("rlsched-sandbox-*"))
     result = run_sandboxed(program, LIMITS)
-    assert result.isolation is Isolation.NAMESPACES
-    assert result.outcome is expected, (result.outcome, result.stderr[-300:])
+    assert result.isolation is Isolation.STRICT and result.missing == []
+    assert result.outcome in expected, (result.outcome, result.error, result.stderr[-300:])
     assert result.leftover_pids == [], "a process of the run survived the release of its slot"
-    assert os.getpid() == me and os.path.exists("/proc/self")  # the parent is alive and well
+    assert SECRET not in result.stdout + result.stderr, "a planted secret was read"
+    assert '"tests"' not in result.stdout, "a task's reference file was read"
+    assert _scan(host["writable"]) == [], "the run left something on the host"  # type: ignore[arg-type]
+    assert set(Path("/tmp").glob("rlsched-sandbox-*")) <= roots_before
+    assert os.getpid() == me and run_sandboxed("print('still fine')", LIMITS).stdout == "still fine\n"
     assert len(result.stdout.encode()) <= LIMITS.output_bytes
-    if expected is Outcome.TIMEOUT:
+    if Outcome.TIMEOUT in expected:
         assert result.exit_code is None and result.kill_latency_s is not None
-    assert not os.path.exists("/etc/rlsched-evil")
+    if name == "fork and allocate in 8 processes":  # the cgroup held the sum, not each process
+        assert result.peak_memory_mb is not None and result.peak_memory_mb <= LIMITS.memory_mb + 1
+    if name == "list /, /home, /root and /proc/1":
+        lines = result.stdout.splitlines()
+        root = set(eval(lines[0].removeprefix("/ ")))
+        assert {".program", "dev", "etc", "proc", "python", "tmp", "usr", "work"} <= root
+        assert root <= {
+            ".program",
+            "dev",
+            "etc",
+            "proc",
+            "python",
+            "tmp",
+            "usr",
+            "work",
+            "bin",
+            "sbin",
+            "lib",
+            "lib32",
+            "lib64",
+            "libx32",
+        }
+        assert lines[1] == "/home refused 2" and lines[2] == "/root refused 2"
+        cmdlines = lines[4]
+        for host_path in ("/root", str(REPO), "/work/", "/tmp/rlsched", "import ", "marshal"):
+            assert host_path not in cmdlines, f"{host_path!r} shows in the run's /proc"
+    if name == "write to every host-writable directory":
+        wrote = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("wrote")}
+        assert wrote <= {"/tmp", "/var/tmp", "/dev/shm"}, wrote  # the run's own tmpfs, gone with it
+    if name == "leave SysV shared memory and a message queue":
+        assert result.stdout.split() != ["-1", "-1"]  # it did make them, inside its IPC namespace
 
 
-@needs_ns
+@isolated
+def test_a_second_run_cannot_find_what_the_first_left() -> None:
+    first = run_sandboxed(
+        "import ctypes\nlibc = ctypes.CDLL(None)\n"
+        f"print(libc.shmget({SHM_KEY}, 4096, 0o1000 | 0o666))\nopen('/tmp/{MARK}', 'w').write('x')\n"
+        f"open('/work/{MARK}', 'w').write('x')",
+        LIMITS,
+    )
+    second = run_sandboxed(
+        "import ctypes, os\nlibc = ctypes.CDLL(None)\n"
+        f"print(libc.shmget({SHM_KEY}, 4096, 0o666), os.listdir('/tmp'), os.listdir('/work'))",
+        LIMITS,
+    )
+    assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
+    assert second.stdout.strip() == "-1 [] []"
+
+
+@isolated
+def test_no_socket_reaches_another_run_or_the_host() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    with Sandbox.create(persistent=False) as a, Sandbox.create(persistent=False) as b:
+        server = a.start(
+            "import socket, time\ns = socket.socket(socket.AF_UNIX)\n"
+            "s.bind('\\0rlsched-canary')\ns.listen()\nt = socket.socket()\n"
+            "try:\n    t.bind(('127.0.0.1', 7777)); t.listen(); print('tcp up', flush=True)\n"
+            "except OSError as e: print('tcp', e.errno, flush=True)\ntime.sleep(3)",
+            limits=SandboxLimits(timeout_s=2),
+        )
+        time.sleep(0.3)
+        client = b.exec(
+            "import socket\nfor addr, family in (('\\0rlsched-canary', socket.AF_UNIX), "
+            f"(('127.0.0.1', 7777), socket.AF_INET), (('127.0.0.1', {port}), socket.AF_INET)):\n"
+            "    try: socket.socket(family).connect(addr); print('connected', addr)\n"
+            "    except OSError as e: print('refused', e.errno)",
+            limits=SandboxLimits(timeout_s=2),
+        )
+        server.wait()
+    listener.close()
+    assert client.outcome is Outcome.OK
+    assert "connected" not in client.stdout and client.stdout.count("refused") == 3
+
+
+@isolated
+def test_each_run_has_its_own_uid_and_process_limit() -> None:
+    limits = SandboxLimits(timeout_s=5, processes=24)
+    program = (
+        "import os, time\nkids = 0\nfor _ in range(20):\n    if os.fork() == 0:\n        time.sleep(1.5)\n"
+        "        os._exit(0)\n    kids += 1\nprint(os.getuid(), kids, flush=True)\n"
+        "while True:\n    try: os.wait()\n    except ChildProcessError: break"
+    )
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(run_sandboxed(program, limits).stdout))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (uid_a, kids_a), (uid_b, kids_b) = (r.split() for r in results)
+    assert uid_a != uid_b  # a shared uid would share RLIMIT_NPROC: the second run's forks would fail
+    assert kids_a == kids_b == "20"
+
+
+@isolated
 def test_well_behaved_program_sees_a_minimal_world() -> None:
     program = (
-        "import os, sys\nprint(os.getuid(), os.getcwd(), sorted(os.environ))\n"
+        "import os, sys\nprint(os.getcwd(), sorted(os.environ))\n"
         "open('out.txt', 'w').write('kept')\nprint(open('out.txt').read())\nsys.exit(3)"
     )
     result = run_sandboxed(program, LIMITS)
     assert result.outcome is Outcome.EXIT and result.exit_code == 3 and result.signal is None
-    assert result.stdout.startswith("65534 /tmp/run ['HOME', 'LANG', 'PATH']")
+    assert result.stdout.startswith("/work ['HOME', 'LANG', 'LD_LIBRARY_PATH', 'PATH', 'TMPDIR']")
     assert "kept" in result.stdout
-    assert result.max_rss_mb > 1 and result.cpu_s >= 0
+    assert result.max_rss_mb > 1 and result.cpu_s >= 0 and result.peak_memory_mb and result.peak_memory_mb > 1
 
 
-@needs_ns
+@isolated
+def test_the_standard_library_works_inside() -> None:
+    program = (
+        "import sqlite3, ssl, json, decimal, hashlib, tempfile, zlib, lzma, bz2, ctypes, asyncio, csv, re\n"
+        "import concurrent.futures, multiprocessing\n"
+        "with concurrent.futures.ProcessPoolExecutor(2) as ex: print(sum(ex.map(abs, [-1, -2])))\n"
+        "print(sqlite3.connect(':memory:').execute('select 41 + 1').fetchone()[0], tempfile.gettempdir())"
+    )
+    result = run_sandboxed(program, SandboxLimits(timeout_s=10))
+    assert result.outcome is Outcome.OK, result.stderr[-500:]
+    assert result.stdout.split() == ["3", "42", "/tmp"]
+
+
+@isolated
+def test_an_opted_in_read_only_path_is_readable_and_nothing_else(tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    data.mkdir()
+    (data / "rows.txt").write_text("row 1\n")
+    data.chmod(0o755)
+    tmp_path.chmod(0o755)
+    policy = SandboxPolicy(read_only=((str(data), "/data"),))
+    result = run_sandboxed(
+        "import os\nprint(open('/data/rows.txt').read().strip(), os.listdir('/data'))\n"
+        "try: open('/data/new', 'w')\nexcept OSError as e: print('read-only', e.errno)",
+        LIMITS,
+        policy,
+    )
+    assert result.outcome is Outcome.OK, result.error
+    assert result.stdout.splitlines() == ["row 1 ['rows.txt']", "read-only 30"]
+
+
+@isolated
+def test_an_environment_keeps_its_work_directory_until_destroyed() -> None:
+    box = Sandbox.create()
+    other = Sandbox.create()
+    try:
+        wrote = box.exec("open('notes.txt', 'w').write('turn one')\nimport os; print(os.getuid())")
+        read = box.exec("print(open('/work/notes.txt').read())")
+        shell = box.exec(argv=["/bin/sh", "-c", "ls /work; id -u"])
+        elsewhere = other.exec("import os; print(os.listdir('/work'))")
+        assert wrote.outcome is read.outcome is shell.outcome is Outcome.OK, (shell.error, shell.stderr)
+        assert read.stdout == "turn one\n"
+        assert shell.stdout.split() == ["notes.txt", wrote.stdout.strip()]
+        assert elsewhere.stdout == "[]\n" and box.uid != other.uid
+        host_dir = box.host_dir
+    finally:
+        usage = box.destroy()
+        other.destroy()
+    assert not host_dir.exists()
+    assert usage["executions"] == 3 and usage["work_bytes"] == len("turn one") and usage["cpu_s"] > 0
+
+
+@isolated
 def test_cpu_limit_kills_with_a_signal() -> None:
     result = run_sandboxed("while True: pass", SandboxLimits(timeout_s=10, cpu_s=1))
     assert result.outcome is Outcome.KILLED and result.exit_code is None and result.signal is not None
@@ -80,11 +372,77 @@ def test_cpu_limit_kills_with_a_signal() -> None:
 
 
 def test_output_is_capped_not_blocking() -> None:
-    result = run_sandboxed("print('y' * 1_000_000)", LIMITS)
+    result = run_sandboxed("print('y' * 1_000_000)", LIMITS, SandboxPolicy(Isolation.BEST_EFFORT))
     assert result.outcome is Outcome.OK and result.stdout_truncated
     assert len(result.stdout) == LIMITS.output_bytes
+
+
+# -- bad input and missing isolation: a clear outcome, never a silent run ---------------------------
+
+
+def test_a_read_only_path_that_does_not_exist_is_refused() -> None:
+    result = run_sandboxed("print(1)", LIMITS, SandboxPolicy(read_only=(("/no/such/dataset", "/data"),)))
+    assert result.outcome is Outcome.ERROR and result.stdout == ""
+    assert result.error is not None and "/no/such/dataset does not exist" in result.error
+    reserved = run_sandboxed("print(1)", LIMITS, SandboxPolicy(read_only=(("/usr/share", "/proc"),)))
+    assert reserved.outcome is Outcome.ERROR and "/proc" in str(reserved.error)
+
+
+def _without(**missing: object) -> Capabilities:
+    real = capabilities()
+    return Capabilities(
+        namespaces=missing.get("namespaces", real.namespaces),  # type: ignore[arg-type]
+        per_run_uid=bool(missing.get("per_run_uid", real.per_run_uid)),
+        controllers=missing.get("controllers", real.controllers),  # type: ignore[arg-type]
+    )
+
+
+def test_strict_refuses_without_namespaces_and_best_effort_names_them() -> None:
+    # an unprivileged host: no namespaces, no uid of its own (as root with namespaces missing, the
+    # interpreter under /root would be out of the sandbox uid's reach, and the run an error saying so)
+    caps = _without(namespaces="unshare: Operation not permitted", per_run_uid=False)
+    with Sandbox.create(SandboxPolicy(Isolation.STRICT), persistent=False, caps=caps) as box:
+        refused = box.exec("print('ran')", limits=LIMITS)
+    assert refused.outcome is Outcome.ERROR and refused.stdout == ""
+    assert "namespaces (unshare: Operation not permitted)" in str(refused.error)
+    assert "best_effort" in str(refused.error)
+    with Sandbox.create(SandboxPolicy(Isolation.BEST_EFFORT), persistent=False, caps=caps) as box:
+        ran = box.exec("print('ran')", limits=LIMITS)
+    assert ran.outcome is Outcome.OK and ran.stdout == "ran\n"
+    assert ran.isolation is Isolation.BEST_EFFORT and any("namespaces" in m for m in ran.missing)
+
+
+def test_cgroups_unavailable_is_found_and_named(tmp_path: Path) -> None:
+    (tmp_path / "mountinfo").write_text("22 1 0:21 / /proc rw - proc proc rw\n")
+    (tmp_path / "cgroup").write_text("0::/\n")
+    assert find_controllers(tmp_path) == {}  # a machine with no cgroup mounts
+    (tmp_path / "mountinfo").write_text("41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")
+    hugetlb_only = find_controllers(tmp_path)  # cgroup2 mounted does not mean memory is on it
+    assert "memory" not in hugetlb_only or hugetlb_only["memory"].version == 2
+    caps = _without(controllers={})
+    with Sandbox.create(SandboxPolicy(Isolation.STRICT), persistent=False, caps=caps) as box:
+        refused = box.exec("print('ran')", limits=LIMITS)
+    assert refused.outcome is Outcome.ERROR
+    assert "cgroup memory controller" in str(refused.error) and "cgroup pids controller" in str(refused.error)
+    with Sandbox.create(SandboxPolicy(Isolation.BEST_EFFORT), persistent=False, caps=caps) as box:
+        ran = box.exec("print('ran')", limits=LIMITS)
+    assert ran.outcome is Outcome.OK and ran.peak_memory_mb is None
+    assert ran.missing == ["cgroup memory controller", "cgroup pids controller"] or not caps.per_run_uid
+
+
+def test_the_default_policy_is_strict_where_the_machine_allows_it() -> None:
+    box = Sandbox.create(persistent=False)
+    try:
+        assert box.isolation is (Isolation.BEST_EFFORT if MISSING else Isolation.STRICT)
+    finally:
+        box.destroy()
 
 
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         SandboxLimits(timeout_s=0)
+
+
+def test_results_are_json() -> None:
+    result = run_sandboxed("print(1)", LIMITS, SandboxPolicy(Isolation.BEST_EFFORT))
+    assert json.loads(json.dumps(result.to_json()))["outcome"] == "ok"

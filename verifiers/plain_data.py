@@ -1,0 +1,82 @@
+"""Values as plain data: what crosses between a sandboxed solution and the host that judges it.
+
+`encode` accepts only values of exact built-in types (None, bool, int, float, complex, str, bytes,
+list, tuple, dict, set, frozenset), never a subclass: an object whose `__eq__` always returns True
+cannot cross, and neither can an `int` subclass that lies about itself. JSON carries the result; every
+JSON object is a tag (`{"tuple": [...]}`, `{"dict": [[k, v], ...]}`, ...), so a tag cannot be forged
+by a dict of the solution's. `decode` builds fresh built-in values on the host, where the comparison
+with the reference happens.
+
+This module uses only the standard library: its source is also sent into the sandbox, where the
+solution's side of the channel encodes with it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_DEPTH = 100
+
+
+class NotPlainData(TypeError):
+    """A value that cannot cross: a type other than the exact built-ins, or nested too deep."""
+
+
+def encode(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise NotPlainData(f"nested deeper than {MAX_DEPTH} levels")
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        finite = value == value and value not in (float("inf"), float("-inf"))
+        return value if finite else {"float": repr(value)}
+    if kind is list:
+        return [encode(v, depth + 1) for v in value]
+    if kind is tuple:
+        return {"tuple": [encode(v, depth + 1) for v in value]}
+    if kind is dict:
+        return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+    if kind is set or kind is frozenset:
+        return {kind.__name__: [encode(v, depth + 1) for v in value]}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is complex:
+        return {"complex": [value.real, value.imag]}
+    raise NotPlainData(f"a value of type {kind.__name__} is not plain data")
+
+
+def decode(data: Any) -> Any:
+    kind = type(data)
+    if data is None or kind in (bool, int, float, str):
+        return data
+    if kind is list:
+        return [decode(v) for v in data]
+    if kind is not dict or len(data) != 1:
+        raise NotPlainData(f"not an encoded value: {str(data)[:80]}")
+    ((tag, inner),) = data.items()
+    match tag:
+        case "tuple":
+            return tuple(decode(v) for v in inner)
+        case "dict":
+            return {decode(k): decode(v) for k, v in inner}
+        case "set":
+            return {decode(v) for v in inner}
+        case "frozenset":
+            return frozenset(decode(v) for v in inner)
+        case "bytes":
+            return bytes.fromhex(inner)
+        case "complex":
+            return complex(float(inner[0]), float(inner[1]))
+        case "float":
+            return float(inner)
+    raise NotPlainData(f"unknown tag {tag!r}")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(encode(value), separators=(",", ":"))
+
+
+def loads(text: str | bytes) -> Any:
+    return decode(json.loads(text))
