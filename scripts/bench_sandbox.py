@@ -3,9 +3,11 @@
     .venv/bin/python scripts/bench_sandbox.py [--runs 30] [--timeout 0.2] [--json OUT]
 
 Start-up: `--runs` runs of a program that does nothing (`pass`), from the call to the result. The
-bound is a bare start of the same interpreter with the same flags (`python -I -B main.py`, through
+bound is a bare start of the same interpreter with the same flags (`python -I -S -B`, through
 `subprocess.run`); each sandbox's figure is its overhead over that bound, p50 and p99, measured in
-the same run. Peers:
+the same run. Every peer runs `-I -S -B`: with `site` on, ours would do less work than the bare
+start, since it masks the base interpreter's site-packages. Two more rows show the code verifier's
+own way (`run_sandboxed`, `-I -B`) against a bare `-I -B`. Peers:
 - `rlsched`: verifiers/sandbox.py (a minimal root, five namespaces, memory and pids cgroups, a uid
   of its own, the report pipe);
 - `before`: the sandbox this one replaced (commit 20832d7: PID, net and mount namespaces through
@@ -47,9 +49,18 @@ from rich.console import Console
 from rich.table import Table
 
 from verifiers.cgroups import RunGroups
-from verifiers.sandbox import PREFIX, PYTHON, SandboxLimits, capabilities, run_sandboxed
+from verifiers.sandbox import (
+    INSIDE_PYTHON,
+    PREFIX,
+    PYTHON,
+    Sandbox,
+    SandboxLimits,
+    capabilities,
+    run_sandboxed,
+)
 
 BEFORE = "20832d7"  # the last commit with the previous sandbox
+FLAGS = ["-I", "-S", "-B"]
 PROGRAMS = {
     "infinite loop": "while True: pass",
     "setsid daemon": (
@@ -99,6 +110,10 @@ def load_before() -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["sandbox_before"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
+    # the same interpreter flags as every other peer (it ran `-I -B`)
+    module._LAUNCHER = module._LAUNCHER.replace(
+        '[python, "-I", "-B", "main.py"]', '[python, "-I", "-S", "-B", "main.py"]'
+    )
     return module
 
 
@@ -219,24 +234,36 @@ def plain_subprocess(program: str, timeout: float) -> tuple[float, int]:
 
 
 def startup(runs: int, before: ModuleType | None, bwrap: bool) -> dict[str, dict[str, float]]:
+    """Every peer runs `python -I -S -B` on `pass`: the same interpreter work inside and out (with
+    `site` on, our sandbox would win by masking the base interpreter's site-packages)."""
     with tempfile.TemporaryDirectory() as scratch:
         main = Path(scratch) / "main.py"
         main.write_text("pass")
-        bare = timed(lambda: subprocess.run([PYTHON, "-I", "-B", str(main)], check=True), runs)
+        bare = timed(lambda: subprocess.run([PYTHON, *FLAGS, str(main)], check=True), runs)
+        bare_site = timed(lambda: subprocess.run([PYTHON, "-I", "-B", str(main)], check=True), runs)
     bound = 1000 * statistics.median(bare)
-    found = {"bare python -I -B": summary(bare, bound)}
-    found["rlsched"] = summary(timed(lambda: run_sandboxed("pass"), runs), bound)
+    found = {"bare python -I -S -B": summary(bare, bound)}
+    found["rlsched"] = summary(timed(lambda: one_shot([INSIDE_PYTHON, *FLAGS, "-c", "pass"]), runs), bound)
     if before is not None:
         found["before"] = summary(timed(lambda: before.run_sandboxed("pass"), runs), bound)
     if bwrap:
         found["bwrap"] = summary(timed(lambda: run_bwrap("pass", None, False), runs), bound)
         found["bwrap+cgroups"] = summary(timed(lambda: run_bwrap("pass", None, True), runs), bound)
+    # as the code verifier runs a program (`-I -B`, site on): against the bare start with site on
+    site_bound = 1000 * statistics.median(bare_site)
+    found["bare python -I -B (site)"] = summary(bare_site, site_bound)
+    found["rlsched run_sandboxed (site)"] = summary(timed(lambda: run_sandboxed("pass"), runs), site_bound)
     return found
+
+
+def one_shot(argv: list[str]) -> None:
+    with Sandbox.create(persistent=False) as box:
+        box.exec(argv=argv)
 
 
 def kill_latency(runs: int, timeout: float, before: ModuleType | None, bwrap: bool) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    limits = SandboxLimits(timeout_s=timeout)
+    limits = SandboxLimits(timeout_s=timeout, processes=128)  # room for the 64-process tree
     for name, program in PROGRAMS.items():
         rows: dict[str, Any] = {}
         ours = [run_sandboxed(program, limits) for _ in range(runs)]
@@ -245,7 +272,8 @@ def kill_latency(runs: int, timeout: float, before: ModuleType | None, bwrap: bo
         }
         if before is not None:
             old = [
-                before.run_sandboxed(program, before.SandboxLimits(timeout_s=timeout)) for _ in range(runs)
+                before.run_sandboxed(program, before.SandboxLimits(timeout_s=timeout, processes=128))
+                for _ in range(runs)
             ]
             rows["before"] = summary([r.kill_latency_s or 0.0 for r in old]) | {
                 "left_alive": sum(len(r.leftover_pids) for r in old)

@@ -36,7 +36,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -96,6 +96,9 @@ def build_root(o: dict[str, Any]) -> None:
     if os.path.isdir(f"{root}/usr/local"):  # the host's own installs: not the program's runtime
         tmpfs(f"{root}/usr/local", 1, 0o755, MS_RDONLY)
     bind_read_only(o["python_prefix"], f"{root}/python")
+    site = f"{root}/python/{o['site_packages']}"
+    if os.path.isdir(site):  # the standard library only: the base interpreter's installs are masked
+        tmpfs(site, 1, 0o755, MS_RDONLY)
     for host, inside in o["binds"]:
         target = root + inside
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -164,20 +167,20 @@ def enter_root(o: dict[str, Any]) -> None:
     check(libc.sethostname(b"sandbox", 7), "sethostname")
 
 
-def become_program(o: dict[str, Any], errors_w: int) -> None:
-    """Step 4, in the program's process: limits, channel, identity, then execve."""
-    keep, moved = [errors_w], []
-    if o["channel"]:  # the host's request and response pipes become fds 3 and 4
-        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in o["channel"]]
-        for fd, target in zip(moved, (3, 4), strict=True):
-            os.dup2(fd, target, inheritable=True)
-        keep += [3, 4]
-    for fd in range(3, 1024):
-        if fd not in keep and fd not in moved:
-            try:  # noqa: SIM105 (contextlib costs milliseconds to import)
-                os.close(fd)
-            except OSError:
-                pass
+def become_program(o: dict[str, Any], errors: list[int]) -> None:
+    """Step 4, in the program's process: fds, limits, identity, seccomp, then execve. `errors[0]`
+    is the fd that carries an exec error back to init (moved to 5 here)."""
+    channel = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in o["channel"] or ()]
+    for fd, target in zip(channel, (3, 4), strict=False):  # the request and response pipes
+        os.dup2(fd, target, inheritable=True)
+    os.dup2(errors[0], 5, inheritable=False)
+    errors[0] = 5
+    for fd in (3, 4)[len(channel) :]:
+        try:  # noqa: SIM105 (contextlib costs milliseconds to import)
+            os.close(fd)
+        except OSError:
+            pass
+    os.closerange(6, os.sysconf("SC_OPEN_MAX"))  # every other fd, whatever its number
     lim = o["limits"]
     mb = 1 << 20
     for what, value in (
@@ -199,8 +202,94 @@ def become_program(o: dict[str, Any], errors_w: int) -> None:
         ),
         "no_new_privs",
     )
+    if o["namespaces"]:
+        install_seccomp()
     os.chdir(o["cwd"])
     os.execve(o["argv"][0], o["argv"], o["env"])
+
+
+# System calls the program is refused (EPERM): kernel keyrings, which outlive a run in the per-uid
+# keyring and would carry a message to the next run of that uid, and new namespaces (user
+# namespaces would let it mount a read-only cgroup or proc of its own). clone3 is ENOSYS, so the C
+# library falls back to clone, whose flags a filter can read; x32 and foreign-arch calls are ENOSYS.
+SYSCALLS = {
+    "x86_64": {
+        "arch": 0xC000003E,
+        "add_key": 248,
+        "request_key": 249,
+        "keyctl": 250,
+        "unshare": 272,
+        "setns": 308,
+        "clone": 56,
+        "clone3": 435,
+    },
+    "aarch64": {
+        "arch": 0xC00000B7,
+        "add_key": 217,
+        "request_key": 218,
+        "keyctl": 219,
+        "unshare": 97,
+        "setns": 268,
+        "clone": 220,
+        "clone3": 435,
+    },
+}
+CLONE_NAMESPACES = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+RET_ALLOW, RET_EPERM, RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+
+
+def seccomp_program(n: dict[str, int]) -> list[tuple[int, int, int, int]]:
+    """The BPF filter: (code, jump if true, jump if false, k) per instruction."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    code: list[tuple[int, str | None, str | None, int]] = [
+        (ld, None, None, 4),  # seccomp_data.arch
+        (jeq, None, "enosys", n["arch"]),
+        (ld, None, None, 0),  # seccomp_data.nr
+        (jge, "enosys", None, 0x40000000),  # the x32 ABI
+        *((jeq, "eperm", None, n[name]) for name in ("add_key", "request_key", "keyctl", "unshare", "setns")),
+        (jeq, "enosys", None, n["clone3"]),
+        (jeq, None, "allow", n["clone"]),
+        (ld, None, None, 16),  # the low word of args[0]: clone's flags
+        (jset, "eperm", "allow", CLONE_NAMESPACES),
+    ]
+    labels = {"allow": len(code), "eperm": len(code) + 1, "enosys": len(code) + 2}
+    out = [
+        (c, labels[t] - i - 1 if t else 0, labels[f] - i - 1 if f else 0, k)
+        for i, (c, t, f, k) in enumerate(code)
+    ]
+    return [*out, (ret, 0, 0, RET_ALLOW), (ret, 0, 0, RET_EPERM), (ret, 0, 0, RET_ENOSYS)]
+
+
+def install_seccomp() -> None:
+    numbers = SYSCALLS.get(os.uname().machine)
+    if numbers is None:
+        raise SetupError(f"seccomp: no syscall table for {os.uname().machine}")
+
+    class Filter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint),
+        ]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    instructions = seccomp_program(numbers)
+    table = (Filter * len(instructions))(*(Filter(*i) for i in instructions))
+    program = Program(len(instructions), table)
+    check(
+        libc.prctl(
+            PR_SET_SECCOMP,
+            ctypes.c_ulong(SECCOMP_MODE_FILTER),
+            ctypes.byref(program),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        ),
+        "seccomp",
+    )
 
 
 def run_program(o: dict[str, Any], report: int) -> None:
@@ -208,12 +297,12 @@ def run_program(o: dict[str, Any], report: int) -> None:
     errors_r, errors_w = os.pipe2(os.O_CLOEXEC)
     program = os.fork()
     if program == 0:
-        errors_w = fcntl.fcntl(errors_w, fcntl.F_DUPFD_CLOEXEC, 100)  # out of the way of fds 3 and 4
+        os.close(errors_r)
+        errors = [fcntl.fcntl(errors_w, fcntl.F_DUPFD_CLOEXEC, 100)]  # out of the way of fds 3 to 5
         try:
-            os.close(errors_r)
-            become_program(o, errors_w)
+            become_program(o, errors)
         except BaseException as err:  # noqa: BLE001 (whatever stopped the exec is reported)
-            os.write(errors_w, f"{o['argv'][0]}: {err}".encode()[:1000])
+            os.write(errors[0], f"{o['argv'][0]}: {err}".encode()[:1000])
         os._exit(125)
     os.close(errors_w)
     for fd in o["channel"] or ():
@@ -253,6 +342,7 @@ def init(o: dict[str, Any], report: int) -> None:
 
 
 def main() -> None:
+    os.close(int(sys.argv[0].rsplit("/", 1)[1]))  # this file, read already: /dev/fd/N
     orders_fd = int(sys.argv[1])
     os.lseek(orders_fd, 0, os.SEEK_SET)
     chunks = []
@@ -270,7 +360,7 @@ def main() -> None:
         if not o["namespaces"]:
             run_program(o, report)
             return
-        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
         check(libc.unshare(flags), "unshare")
         pid = os.fork()
         if pid == 0:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ class _Remote:
             raise TypeError(f"the test passes {name} an argument that cannot cross: {err}") from None
         if not self.run.send(json.dumps(request).encode()):
             raise SolutionGone("the solution's process is gone")
-        line = self.run.receive()
+        line = self.run.receive(cap=REPLY_BYTES)
         if line is None:
             raise SolutionGone("the solution's process stopped answering")
         try:
@@ -113,6 +114,9 @@ class _Remote:
             value = None if raised is not None else plain_data.decode(reply["value"])
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise SolutionGone(f"a malformed reply from the solution ({err})") from None
+        if time.monotonic() > self.run.deadline:  # decoding counts against the solution's time
+            self.run.kill()
+            raise SolutionGone("the solution ran out of time")
         if raised is not None:
             raise _exception(raised, str(reply.get("detail", "")))
         return value
@@ -122,12 +126,17 @@ def _exception(name: str, detail: str) -> Exception:
     """The solution's exception, as the built-in of that name (so a test may catch ValueError), or a
     RemoteError."""
     kind = getattr(builtins, name, None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if isinstance(kind, type) and issubclass(kind, Exception) and kind not in _NOT_CROSSING:
         try:
             return kind(detail)
         except TypeError:
             pass
     return RemoteError(f"{name}: {detail}")
+
+
+# these would steer the host's own control flow: a StopIteration raised in `map` ends it early
+_NOT_CROSSING = (StopIteration, StopAsyncIteration)
+REPLY_BYTES = 1 << 20  # the largest reply line the host reads
 
 
 class _Proxy:
@@ -140,8 +149,10 @@ class _Proxy:
 
 def run_tests(tests: list[str], names: list[str], remote: _Remote) -> tuple[int, str]:
     """Run each test on the host against the solution's functions; (passed, first failure)."""
-    namespace: dict[str, Any] = {"__name__": "__tests__"}
-    namespace.update({name: _Proxy(remote, name) for name in names})
+    namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins}
+    # a solution's `abs` or `len` must not stand in for the built-in a test uses to compare
+    proxied = (n for n in names if not hasattr(builtins, n) and not n.startswith("_"))
+    namespace.update({name: _Proxy(remote, name) for name in proxied})
     passed, first = 0, ""
     for test in tests:
         try:
@@ -179,6 +190,7 @@ class CodeVerifier:
         with Sandbox.create(self.policy, persistent=False) as box:
             run = box.start(server_program(solution_of(request.text)), limits=limits, channel=True)
             passed, first = self._judge(run, tests)
+            judged_s = time.monotonic() - run.start  # what it lingers after is not its running time
             run.send(b'{"op": "exit"}')
             result = run.wait()
         if result.outcome is Run.ERROR:
@@ -187,7 +199,7 @@ class CodeVerifier:
         if passed < len(tests) and result.outcome in (Run.TIMEOUT, Run.MEMORY):
             first = _limit_detail(result, timeout, limits) + (f"; {first}" if first else "")
         if passed == len(tests):
-            self.timeouts.correct_run(key, result.wall_s)
+            self.timeouts.correct_run(key, min(judged_s, result.wall_s))
         return Verdict(request.sample_id, passed / len(tests), passed == len(tests), first)
 
     @staticmethod
@@ -198,9 +210,9 @@ class CodeVerifier:
         try:
             message = json.loads(hello)
             if "error" in message:
-                return 0, f"the solution does not run: {message['error']}"
+                return 0, f"the solution does not run: {str(message['error'])[:300]}"
             names = [str(n) for n in message["ready"] if str(n).isidentifier()]
-        except (ValueError, KeyError, TypeError):
+        except Exception:  # noqa: BLE001 (anything the solution wrote first: too deep, not JSON, ...)
             return 0, "no result: a malformed first message from the solution's process"
         return run_tests(tests, names, _Remote(run))
 

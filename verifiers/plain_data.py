@@ -47,24 +47,39 @@ def encode(value: Any, depth: int = 0) -> Any:
     raise NotPlainData(f"a value of type {kind.__name__} is not plain data")
 
 
+MAX_NODES = 200_000  # values in one decoded reply: more is refused, not built
+
+
 def decode(data: Any) -> Any:
+    """Fresh built-in values from `encode`'s output. Refuses more than MAX_NODES values and any set
+    or dict whose items mostly share a hash (a crafted set of colliding ints would take the host
+    minutes to build)."""
+    return _decode(data, [MAX_NODES])
+
+
+def _decode(data: Any, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise NotPlainData(f"more than {MAX_NODES} values")
     kind = type(data)
     if data is None or kind in (bool, int, float, str):
         return data
     if kind is list:
-        return [decode(v) for v in data]
+        return [_decode(v, budget) for v in data]
     if kind is not dict or len(data) != 1:
         raise NotPlainData(f"not an encoded value: {str(data)[:80]}")
     ((tag, inner),) = data.items()
     match tag:
         case "tuple":
-            return tuple(decode(v) for v in inner)
+            return tuple(_decode(v, budget) for v in inner)
         case "dict":
-            return {decode(k): decode(v) for k, v in inner}
+            pairs = [(_decode(k, budget), _decode(v, budget)) for k, v in inner]
+            _spread([k for k, _ in pairs])
+            return dict(pairs)
         case "set":
-            return {decode(v) for v in inner}
+            return set(_spread([_decode(v, budget) for v in inner]))
         case "frozenset":
-            return frozenset(decode(v) for v in inner)
+            return frozenset(_spread([_decode(v, budget) for v in inner]))
         case "bytes":
             return bytes.fromhex(inner)
         case "complex":
@@ -72,6 +87,13 @@ def decode(data: Any) -> Any:
         case "float":
             return float(inner)
     raise NotPlainData(f"unknown tag {tag!r}")
+
+
+def _spread(items: list[Any]) -> list[Any]:
+    """The items, if their hashes are spread enough to build a set or dict of them in linear time."""
+    if len(items) > 64 and len({hash(i) for i in items}) < len(items) // 2:
+        raise NotPlainData(f"{len(items)} items whose hashes mostly collide")
+    return items
 
 
 def dumps(value: Any) -> str:

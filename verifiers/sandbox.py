@@ -35,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -97,7 +98,11 @@ class SandboxPolicy:
         for host, inside in self.read_only:
             if not os.path.exists(host):
                 return f"read-only path {host} does not exist: create it, or stop asking for it"
-            if not inside.startswith("/") or os.path.normpath(inside) in RESERVED:
+            if (
+                not inside.startswith("/")
+                or ".." in inside.split("/")
+                or os.path.normpath(inside) in RESERVED
+            ):
                 return (
                     f"read-only path {host} cannot be mounted at {inside!r}: give an absolute path "
                     f"other than {', '.join(RESERVED)}"
@@ -297,13 +302,17 @@ class Sandbox:
                 with contextlib.suppress(Exception):
                     run.wait()
         self._running.clear()
-        work_bytes = _tree_bytes(self.work) if self.work is not None else 0
-        if self.work_mounted:
-            subprocess.run(["umount", "-l", str(self.work)], capture_output=True)
-        shutil.rmtree(self.host_dir, ignore_errors=True)
-        if self._uid_lock >= 0:
-            os.close(self._uid_lock)
-            self._uid_lock = -1
+        work_bytes = 0
+        try:
+            work_bytes = _used_bytes(self.work, self.work_mounted) if self.work is not None else 0
+        finally:
+            if self.work_mounted:
+                subprocess.run(["umount", "-l", str(self.work)], capture_output=True)
+                self.work_mounted = False
+            shutil.rmtree(self.host_dir, ignore_errors=True)
+            if self._uid_lock >= 0:
+                os.close(self._uid_lock)
+                self._uid_lock = -1
         return {
             "executions": self.executions,
             "cpu_s": self.cpu_s,
@@ -313,12 +322,20 @@ class Sandbox:
         }
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+def _used_bytes(path: Path, mounted: bool) -> int:
+    """Bytes in a work directory: its tmpfs's own count, or (a plain directory) a walk that no depth
+    of nesting can overflow."""
+    if mounted:
+        stats = os.statvfs(path)
+        return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    total, pending = 0, [str(path)]
+    while pending:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
     return total
 
 
@@ -361,13 +378,14 @@ def _start(
         shutil.rmtree(root if box is not None else host_dir, ignore_errors=True)
         return Running.refused(f"cannot make the run's cgroups: {err}", isolation, caps.missing())
     work = box.work if box is not None and (box.persistent or not namespaces) else None
-    if not namespaces and program is not None:  # no private root: the program lives in the work dir
-        assert work is not None
-        (work / "main.py").write_text(program)
-        with contextlib.suppress(OSError):
-            os.chown(work / "main.py", uid, uid)
+    script = "/.program/main.py"
+    if not namespaces and program is not None:  # no private root: the program in a fresh directory
+        holder = Path(tempfile.mkdtemp(dir=host_dir, prefix="program-"))  # that the run cannot write
+        holder.chmod(0o755)
+        script = str(holder / "main.py")
+        with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+            f.write(program)
     python = INSIDE_PYTHON if namespaces else PYTHON
-    script = "/.program/main.py" if namespaces else "main.py"
     env = {
         "PATH": "/python/bin:/usr/bin:/bin" if namespaces else "/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -388,6 +406,7 @@ def _start(
         "namespaces": namespaces,
         "root": str(root),
         "python_prefix": PREFIX,
+        "site_packages": os.path.relpath(sysconfig.get_path("purelib", vars={"base": PREFIX}), PREFIX),
         "binds": [list(pair) for pair in policy.read_only],
         "work": str(work) if work is not None else None,
         "work_mb": limits.work_mb,
@@ -487,6 +506,8 @@ class Running:
         self.result: SandboxResult | None = None
         self.setup_error: str | None = None
         self._send = requests[1] if requests else -1
+        if self._send >= 0:
+            os.set_blocking(self._send, False)
         self._receive = responses[0] if responses else -1
         self._buffer = b""
         self._captures = {fd: _Capture(limits.output_bytes) for fd in outputs if fd >= 0}
@@ -562,14 +583,24 @@ class Running:
     # -- the channel -------------------------------------------------------------------------------
 
     def send(self, line: bytes) -> bool:
-        """Write one request line; False if the program is gone (or never listened)."""
+        """Write one request line; False if the program is gone, never listened, or stopped reading
+        until its deadline (it is then killed)."""
         if self._send < 0 or self.result is not None:
             return False
-        try:
-            os.write(self._send, line + b"\n")
-            return True
-        except OSError:
-            return False
+        data = memoryview(line + b"\n")
+        while data:
+            try:
+                data = data[os.write(self._send, data) :]
+            except BlockingIOError:  # a full pipe: wait for room, not past the deadline
+                left = self.deadline - time.monotonic()
+                poller = select.poll()
+                poller.register(self._send, select.POLLOUT)
+                if left <= 0 or not poller.poll(int(left * 1000) + 1):
+                    self._kill()
+                    return False
+            except OSError:
+                return False
+        return True
 
     def receive(self, cap: int = 16 << 20) -> bytes | None:
         """The next response line, or None: the program closed the channel, exited, went past the

@@ -5,6 +5,7 @@ HumanEval's canonical solutions pass, and timeouts adapt per key."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -95,6 +96,28 @@ CHEATS = {
         "        if 'add(2, 2) == 4' in text: found.append(root + '/' + f)\n"
         "print(found)\ndef add(a, b): return 0 if not found else 3"
     ),
+    "shadow the built-ins a test compares with": (
+        "abs = lambda x: 0\nlen = lambda x: 3\nsorted = lambda x: x\nisinstance = lambda *a: True\n"
+        "def add(a, b): return 0"
+    ),
+    "a first message nested too deep to parse": (
+        "import os\nos.write(4, b'[' * 200000 + b'\\n')\ndef add(a, b): return 0"
+    ),
+    "linger after the tests to stretch the timeout": (
+        "import os, threading, time\nos._exit = lambda *a: None\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()\ndef add(a, b): return 0"
+    ),
+    "end the host's map() early with StopIteration": ("def add(a, b):\n    raise StopIteration"),
+    "a set of ints whose hashes all collide": (
+        "def add(a, b):\n    return {k * (2**61 - 1) for k in range(1, 60000)}"
+    ),
+    "stop reading requests so the host blocks": (
+        "import fcntl\nfcntl.fcntl(3, 1031, 4096)\nimport time\ndef add(a, b):\n    time.sleep(60)"
+    ),
+    "write forged report lines to every fd": (
+        "import os\nfor fd in range(5, 4096):\n    try: os.write(fd, b'error forged\\n')\n"
+        "    except OSError: pass\ndef add(a, b): return 0"
+    ),
     "empty the test list so the total is zero": (
         "import gc\nfor o in gc.get_objects():\n    if isinstance(o, list) and o and isinstance(o[0], str) "
         "and 'assert' in o[0]: o.clear()\ndef add(a, b): return 0"
@@ -105,9 +128,22 @@ CHEATS = {
 @needs_ns
 @pytest.mark.parametrize("name", list(CHEATS))
 def test_a_wrong_solution_cannot_forge_a_pass(name: str) -> None:
-    outcome = judge(CHEATS[name])
+    tests = json.dumps(
+        {
+            "tests": [
+                *json.loads(TESTS)["tests"],
+                "assert abs(add(0.1, 0.2) - 0.3) < 1e-9",
+                "assert not any(map(lambda n: add(n, n) != 2 * n, [1, 2, 3]))",
+                "assert add([0] * 100_000, [1])[-1] == 1",  # a request larger than a small pipe
+            ],
+            "key": "add",
+        }
+    )
+    started = time.monotonic()
+    outcome = judge(CHEATS[name], tests)
+    assert time.monotonic() - started < FAST.cap_s + 3  # the host never waits past the deadline
     assert isinstance(outcome, Verdict), outcome  # judged, not a fault: the verifier itself is fine
-    assert not outcome.correct and outcome.reward <= 1 / 3 + 1e-9, outcome
+    assert not outcome.correct and outcome.reward <= 1 / 6 + 1e-9, outcome
 
 
 @needs_ns

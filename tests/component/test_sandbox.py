@@ -361,7 +361,59 @@ def test_an_environment_keeps_its_work_directory_until_destroyed() -> None:
         usage = box.destroy()
         other.destroy()
     assert not host_dir.exists()
-    assert usage["executions"] == 3 and usage["work_bytes"] == len("turn one") and usage["cpu_s"] > 0
+    assert usage["executions"] == 3 and 0 < usage["work_bytes"] <= 64 << 10 and usage["cpu_s"] > 0
+
+
+@isolated
+def test_no_host_fd_reaches_the_program_whatever_its_number() -> None:
+    spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]  # a busy verifier's fds
+    try:
+        result = run_sandboxed(
+            "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n"
+            "for fd in range(3, 4096):\n    try: os.write(fd, b'done 0 0 0\\nerror forged\\n')\n"
+            "    except OSError: pass\nraise SystemExit(3)",
+            LIMITS,
+        )
+    finally:
+        for fd in spare:
+            os.close(fd)
+    assert result.outcome is Outcome.EXIT and result.exit_code == 3 and result.error is None
+    assert result.stdout.strip() == "[0, 1, 2, 3]"  # 3: the directory listdir itself opened
+
+
+@isolated
+def test_refused_system_calls_keyrings_and_new_namespaces() -> None:
+    program = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "nr = {'x86_64': (248, 250), 'aarch64': (217, 219)}[os.uname().machine]\n"
+        "print(libc.syscall(nr[0], b'user', b'rlsched', b'hello', 5, -2), ctypes.get_errno())\n"
+        "print(libc.syscall(nr[1], 0, -2, 0, 0, 0), ctypes.get_errno())\n"
+        "print(libc.unshare(0x10000000), ctypes.get_errno())"
+    )
+    result = run_sandboxed(program, LIMITS)
+    assert result.outcome is Outcome.OK, result.stderr
+    assert result.stdout.split() == ["-1", "1", "-1", "1", "-1", "1"]  # EPERM each time
+
+
+def test_best_effort_without_namespaces_never_writes_through_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    caps = _without(namespaces="unshare: Operation not permitted", per_run_uid=False)
+    with Sandbox.create(SandboxPolicy(Isolation.BEST_EFFORT), caps=caps) as box:
+        planted = box.exec(f"import os\nos.symlink({str(victim)!r}, 'main.py')\nprint('planted')")
+        again = box.exec("print('second run')")
+    assert planted.stdout == "planted\n" and again.stdout == "second run\n"
+    assert victim.read_text() == "untouched"
+
+
+@isolated
+def test_an_environment_is_destroyed_whatever_it_left_in_work() -> None:
+    box = Sandbox.create()
+    deep = box.exec("import os\nfor _ in range(1900):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')")
+    host_dir = box.host_dir
+    usage = box.destroy()
+    assert deep.stdout == "deep\n" and usage["work_bytes"] >= 0
+    assert not host_dir.exists() and str(host_dir) not in Path("/proc/self/mounts").read_text()
 
 
 @isolated
@@ -386,6 +438,8 @@ def test_a_read_only_path_that_does_not_exist_is_refused() -> None:
     assert result.error is not None and "/no/such/dataset does not exist" in result.error
     reserved = run_sandboxed("print(1)", LIMITS, SandboxPolicy(read_only=(("/usr/share", "/proc"),)))
     assert reserved.outcome is Outcome.ERROR and "/proc" in str(reserved.error)
+    outside = run_sandboxed("print(1)", LIMITS, SandboxPolicy(read_only=(("/usr/share", "/../../tmp/x"),)))
+    assert outside.outcome is Outcome.ERROR and "/../../tmp/x" in str(outside.error)
 
 
 def _without(**missing: object) -> Capabilities:
