@@ -368,38 +368,22 @@ def _start(
 ) -> Running:
     """Launch one execution: its cgroups, its orders, the launcher process."""
     host_dir = box.host_dir if box is not None else Path(tempfile.mkdtemp(prefix="rlsched-sandbox-"))
-    uid = box.uid if box is not None else UID_BASE - 1
     root = Path(tempfile.mkdtemp(dir=host_dir, prefix="root-"))
+    scratch = root if box is not None else host_dir  # removed when the execution ends
+    uid = box.uid if box is not None else UID_BASE - 1
     groups = RunGroups(caps.controllers, f"run-{uid}-{os.getpid()}-{time.monotonic_ns()}")
     try:
         groups.create(limits.memory_mb, limits.processes)
     except OSError as err:
         groups.remove()
-        shutil.rmtree(root if box is not None else host_dir, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
         return Running.refused(f"cannot make the run's cgroups: {err}", isolation, caps.missing())
     work = box.work if box is not None and (box.persistent or not namespaces) else None
-    script = "/.program/main.py"
-    if not namespaces and program is not None:  # no private root: the program in a fresh directory
-        holder = Path(tempfile.mkdtemp(dir=host_dir, prefix="program-"))  # that the run cannot write
-        holder.chmod(0o755)
-        script = str(holder / "main.py")
-        with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
-            f.write(program)
-    python = INSIDE_PYTHON if namespaces else PYTHON
-    env = {
-        "PATH": "/python/bin:/usr/bin:/bin" if namespaces else "/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "HOME": "/work" if namespaces else str(work),
-        "TMPDIR": "/tmp",
-    }
-    if namespaces:
-        env["LD_LIBRARY_PATH"] = "/python/lib"  # the interpreter's own libpython, not the system's
-    requests = responses = None
-    inner: list[int] = []
-    if channel:
-        requests, responses = os.pipe(), os.pipe()
-        inner = [requests[0], responses[1]]
-        env["RLSCHED_CHANNEL"] = ",".join(map(str, CHANNEL_FDS))
+    if argv is None:
+        script = "/.program/main.py" if namespaces else _program_file(host_dir, program or "")
+        argv = [INSIDE_PYTHON if namespaces else PYTHON, "-I", "-B", script]
+    requests, responses = (os.pipe(), os.pipe()) if channel else (None, None)
+    inner = [requests[0], responses[1]] if requests and responses else []
     report_r, report_w = os.pipe()
     go_r, go_w = os.pipe()
     orders = {
@@ -413,54 +397,26 @@ def _start(
         "tmp_mb": limits.tmp_mb,
         "shm_mb": max(1, limits.tmp_mb // 4),
         "uid": uid if caps.per_run_uid else None,
-        "limits": {
-            "cpu_s": limits.cpu_s,
-            "memory_mb": limits.memory_mb,
-            "file_mb": limits.file_mb,
-            "open_files": limits.open_files,
-            "processes": limits.processes,
-        },
+        "limits": {name: getattr(limits, name) for name in _RLIMITS},
         "program": program if namespaces else None,
-        "argv": argv or [python, "-I", "-B", script],
+        "argv": argv,
         "cwd": "/work" if namespaces else str(work),
-        "env": env,
+        "env": _environment(namespaces, work, channel),
         "channel": inner or None,
         "report_fd": report_w,
         "go_fd": go_r,
         "backstop_s": int(limits.timeout_s) + 30,
     }
-    orders_fd = os.memfd_create("orders")
-    os.write(orders_fd, marshal.dumps(orders))
-    launcher_fd = os.open(LAUNCHER, os.O_RDONLY)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    passed = (launcher_fd, orders_fd, report_w, go_r, *inner)
     start = time.monotonic()
     try:
-        proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            # relative to its own directory, so that no host path shows in the run's /proc
-            ["./" + os.path.basename(PYTHON), "-I", "-S", f"/dev/fd/{launcher_fd}", str(orders_fd)],
-            executable=PYTHON,
-            stdin=subprocess.DEVNULL,
-            stdout=out_w,
-            stderr=err_w,
-            start_new_session=True,
-            cwd=os.path.dirname(PYTHON),
-            env={"PATH": "/usr/bin:/bin"},
-            pass_fds=passed,
-        )
+        proc, outputs = _spawn(orders, (report_w, go_r, *inner))
     except OSError as err:  # no process could be started (out of processes or memory)
-        proc, reason = None, f"cannot start the launcher: {err}"
-    finally:
-        for fd in (*passed, out_w, err_w):
-            os.close(fd)
-    if proc is None:
-        for fd in (report_r, go_w, out_r, err_r, *(requests or ()), *(responses or ())):
+        for fd in (report_r, go_w, *(requests or ()), *(responses or ())):
             if fd not in inner:
                 os.close(fd)
         groups.remove()
-        shutil.rmtree(root if box is not None else host_dir, ignore_errors=True)
-        return Running.refused(reason, isolation, caps.missing())
+        shutil.rmtree(scratch, ignore_errors=True)
+        return Running.refused(f"cannot start the launcher: {err}", isolation, caps.missing())
     run = Running(
         proc,
         start,
@@ -472,11 +428,73 @@ def _start(
         isolation,
         caps.missing(),
         box,
-        root if box is not None else host_dir,
-        (out_r, err_r),
+        scratch,
+        outputs,
     )
     run.place(go_w)
     return run
+
+
+_RLIMITS = ("cpu_s", "memory_mb", "file_mb", "open_files", "processes")
+
+
+def _program_file(host_dir: Path, program: str) -> str:
+    """Without a private root: the program in a fresh directory the run cannot write to (so a link
+    it planted in its work directory is never written through)."""
+    holder = Path(tempfile.mkdtemp(dir=host_dir, prefix="program-"))
+    holder.chmod(0o755)
+    script = str(holder / "main.py")
+    with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+        f.write(program)
+    return script
+
+
+def _environment(namespaces: bool, work: Path | None, channel: bool) -> dict[str, str]:
+    env = {
+        "PATH": "/python/bin:/usr/bin:/bin" if namespaces else "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/work" if namespaces else str(work),
+        "TMPDIR": "/tmp",
+    }
+    if namespaces:
+        env["LD_LIBRARY_PATH"] = "/python/lib"  # the interpreter's own libpython, not the system's
+    if channel:
+        env["RLSCHED_CHANNEL"] = ",".join(map(str, CHANNEL_FDS))
+    return env
+
+
+def _spawn(
+    orders: dict[str, Any], passed: tuple[int, ...]
+) -> tuple[subprocess.Popen[bytes], tuple[int, int]]:
+    """Start the launcher with its orders in a memfd; the passed fds are closed here either way.
+    Returns the process and the read ends of its stdout and stderr."""
+    orders_fd = os.memfd_create("orders")
+    os.write(orders_fd, marshal.dumps(orders))
+    launcher_fd = os.open(LAUNCHER, os.O_RDONLY)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    handed = (launcher_fd, orders_fd, *passed)
+    try:
+        proc = subprocess.Popen(
+            # relative to its own directory, so that no host path shows in the run's /proc
+            ["./" + os.path.basename(PYTHON), "-I", "-S", f"/dev/fd/{launcher_fd}", str(orders_fd)],
+            executable=PYTHON,
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            start_new_session=True,
+            cwd=os.path.dirname(PYTHON),
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=handed,
+        )
+    except OSError:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        for fd in (*handed, out_w, err_w):
+            os.close(fd)
+    return proc, (out_r, err_r)
 
 
 class Running:
