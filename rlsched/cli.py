@@ -387,60 +387,81 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from rlsched.cli_cluster import (
-        cmd_admin_start,
-        cmd_admin_stop,
-        cmd_cancel,
-        cmd_queue,
-        cmd_status,
-        cmd_submit,
-    )
+CLUSTER_HERE = "the Ray cluster (default: the one on this machine)"
 
+
+def _address(p: argparse.ArgumentParser, default: str | None = "auto", help: str = CLUSTER_HERE) -> None:
+    p.add_argument("--address", default=default, help=help)
+
+
+def _json(p: argparse.ArgumentParser, help: str = "print one JSON object") -> None:
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def _overrides(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `rlsched` command: one small function per command (or family of commands)."""
     parser = argparse.ArgumentParser(
         prog="rlsched", description="Ray-based scheduler for RL post-training of LLMs."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_run,
+        _add_cluster_commands,
+        _add_generate,
+        _add_template,
+        _add_scale,
+        _add_admin,
+        _add_calc,
+        _add_simulate,
+        _add_sandbox,
+        _add_model,
+    ):
+        add(sub)
+    return parser
 
+
+def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="run an RL job from a YAML config")
     run.add_argument("config", type=Path, help="job config, e.g. configs/jobs/quickstart.yaml")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set grpo.lr=1e-4 (repeatable)",
-    )
-    run.add_argument("--address", help="join this Ray cluster (host:port or 'auto'); default: start one here")
+    _overrides(run, "override a config value, e.g. --set grpo.lr=1e-4 (repeatable)")
+    _address(run, None, "join this Ray cluster (host:port or 'auto'); default: start one here")
     run.add_argument("--out", type=Path, help="output directory (default: run.out_dir from the config)")
     run.add_argument("--local", action="store_true", help="run in one process, without Ray")
     run.add_argument("--queue", help="the cluster scheduler's queue to run in (see `rlsched admin start`)")
     run.add_argument("--priority", help="its priority class (default: the queue's default)")
     run.set_defaults(func=cmd_run)
 
+
+def _add_cluster_commands(sub: Any) -> None:
+    from rlsched.cli_cluster import cmd_cancel, cmd_queue, cmd_status, cmd_submit
+
     subm = sub.add_parser("submit", help="run a job under the cluster scheduler, detached")
     subm.add_argument("config", type=Path, help="job config")
     subm.add_argument("--queue", required=True, help="the scheduler's queue")
     subm.add_argument("--priority", help="its priority class (default: the queue's default)")
-    subm.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value")
+    _overrides(subm, "override a value")
     subm.add_argument("--out", type=Path, help="output directory; its name is the job's name")
-    subm.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    _address(subm)
     subm.set_defaults(func=cmd_submit)
     for name, helptext, func in (
         ("queue", "pending jobs and the reason each one waits", cmd_queue),
         ("status", "the scheduler's nodes (free / capacity) and jobs", cmd_status),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
-        p.add_argument("--json", action="store_true", help="print one JSON object")
+        _address(p)
+        _json(p)
         p.set_defaults(func=func)
     cancel = sub.add_parser("cancel", help="cancel a pending or running job")
     cancel.add_argument("job", help="the job's name")
-    cancel.add_argument(
-        "--address", default="auto", help="the Ray cluster (default: the one on this machine)"
-    )
+    _address(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
+
+def _add_generate(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate a reply with the torch engine")
     gen.add_argument("--prompt", required=True, help="the user message")
     gen.add_argument("--template", help="conversation template name or file (default: the checkpoint's)")
@@ -451,9 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(gen)
     gen.set_defaults(func=cmd_generate)
 
+
+def _add_template(sub: Any) -> None:
     tpl = sub.add_parser("template", help="conversation templates")
     tpl_sub = tpl.add_subparsers(dest="template_command", required=True, metavar="SUBCOMMAND")
     render = tpl_sub.add_parser("render", help="render messages with a template")
@@ -468,40 +491,47 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--no-generation-prompt", action="store_true", help="omit the assistant header")
     render.set_defaults(func=cmd_template_render)
 
+
+def _add_scale(sub: Any) -> None:
     sc = sub.add_parser("scale", help="add or remove rollout instances of a running job (or show them)")
     sc.add_argument("job", help="the job's name: its output directory's name (e.g. quickstart)")
     sc.add_argument("--add", type=int, default=0, metavar="N", help="instances to add")
     sc.add_argument("--receiver-gbps", type=float, metavar="R", help="the added instances' ingress link")
     sc.add_argument("--remove", action="append", default=[], metavar="NAME", help="an instance to remove")
     sc.add_argument("--preempt", action="store_true", help="remove abruptly (default: drain first)")
-    sc.add_argument(
-        "--address", default="auto", help="the job's Ray cluster (default: the one on this machine)"
-    )
-    sc.add_argument("--json", action="store_true", help="print the fleet as one JSON object")
+    _address(sc, help="the job's Ray cluster (default: the one on this machine)")
+    _json(sc, "print the fleet as one JSON object")
     sc.set_defaults(func=cmd_scale)
+
+
+def _add_admin(sub: Any) -> None:
+    from rlsched.cli_cluster import cmd_admin_start, cmd_admin_stop
 
     adm = sub.add_parser("admin", help="the cluster admin's file: priority classes, queues, quotas")
     adm_sub = adm.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
     check = adm_sub.add_parser("check", help="validate an admin file and say what it means in plain words")
     check.add_argument("file", type=Path, help="e.g. configs/admin/example.yaml")
-    check.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(check)
     check.set_defaults(func=cmd_admin_check)
     start = adm_sub.add_parser("start", help="start the cluster scheduler on a Ray cluster with this file")
     start.add_argument("file", type=Path, help="e.g. configs/admin/example.yaml")
-    start.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    _address(start)
     start.add_argument("--cycle-s", type=float, default=0.5, help="seconds between admission cycles")
     start.set_defaults(func=cmd_admin_start)
     stop = adm_sub.add_parser("stop", help="stop the cluster scheduler (its jobs' placement groups go too)")
-    stop.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    _address(stop)
     stop.set_defaults(func=cmd_admin_stop)
 
-    calc = sub.add_parser("calc", help="analytic models: iteration, queue, batch")
-    calc_sub = calc.add_subparsers(dest="calc_name", required=True, metavar="NAME")
+
+def _add_calc(sub: Any) -> None:
     from rlsched.calc import add_parsers
 
-    add_parsers(calc_sub)
+    calc = sub.add_parser("calc", help="analytic models: iteration, queue, batch")
+    add_parsers(calc.add_subparsers(dest="calc_name", required=True, metavar="NAME"))
     calc.set_defaults(func=cmd_calc)
 
+
+def _add_simulate(sub: Any) -> None:
     from rlsched.policy.verify import DispatchPolicy
 
     sim = sub.add_parser("simulate", help="run a scenario in virtual time with the runtime's policies")
@@ -515,12 +545,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--seeds", type=_positive, help="seeds per policy (default: the scenario's)")
     sim.add_argument("--out", type=Path, help="write simulate.json, timelines and decision logs here")
-    sim.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario value"
-    )
-    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    _overrides(sim, "override a scenario value")
+    _json(sim)
     sim.set_defaults(func=cmd_simulate)
 
+
+def _add_sandbox(sub: Any) -> None:
     box = sub.add_parser("sandbox", help="run untrusted Python the way verifiers do")
     box_sub = box.add_subparsers(dest="sandbox_command", required=True, metavar="SUBCOMMAND")
     box_run = box_sub.add_parser("run", help="run one Python file in the sandbox and report what happened")
@@ -529,7 +559,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit (default 10)"
     )
     box_run.add_argument(
-        "--memory", type=int, default=512, metavar="MB", help="address-space limit (default 512)"
+        "--memory",
+        type=int,
+        default=512,
+        metavar="MB",
+        help="memory limit: the run's cgroup, and each process's address space (default 512)",
     )
     box_run.add_argument(
         "--isolation",
@@ -544,9 +578,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH[:INSIDE]",
         help="a host path the program may read, bound read-only (at INSIDE, default the same path)",
     )
-    box_run.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(box_run)
     box_run.set_defaults(func=cmd_sandbox_run)
 
+
+def _add_model(sub: Any) -> None:
     model = sub.add_parser("model", help="checkpoints")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
     export = model_sub.add_parser(
@@ -556,7 +592,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--from", dest="source", type=Path, help="source checkpoint (default: shipped base)")
     export.set_defaults(func=cmd_model_export)
     _add_model_import(model_sub)
-    return parser
 
 
 def _add_model_import(model_sub: Any) -> None:

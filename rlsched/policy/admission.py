@@ -385,128 +385,213 @@ def _reserve_left(running: Sequence[RunningJob], params: AdmissionParams) -> dic
 
 def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> list[Decision]:
     """Decisions for every pending job, in admission order (see the module docstring)."""
-    free: dict[str, Resources] = dict(free_of(snapshot.nodes, snapshot.running))
-    usage = usage_by_queue(snapshot.running)
-    # free only shrinks within a cycle: a (queue, demand) refused, or a shape that did not fit (on
-    # what is free now, or once the evictions under way end), is refused again later in it
-    refused: dict[tuple[object, ...], str] = {}
-    failed: dict[tuple[object, ...], str] = {}
-    failed_later: dict[tuple[object, ...], str] = {}
-    decisions: list[Decision] = []
-    evicting: set[str] = set(snapshot.evicting)
-    coming = _coming(free, snapshot)  # what is free once the evictions under way are done
-    reserve = _reserve_left(snapshot.running, params)
-    usage_later = _usage_coming(usage, snapshot)  # each queue's usage then, with what is promised
-    blocked_by_starving = False
-    empty = {n.name: n.capacity for n in snapshot.nodes}
-    biggest: dict[str, float] = {}  # per resource, the most any one node has
-    for n in snapshot.nodes:
-        for k, amount in n.capacity.items():
-            biggest[k] = max(biggest.get(k, 0.0), amount)
-    waiting = {j.name for j in snapshot.pending}
-    able: dict[frozenset[str], list[Node]] = {}  # nodes that have each set of resources
-    never: dict[tuple[object, ...], str] = {}  # shapes that fit not even the empty cluster
+    cycle = _Cycle.start(snapshot, now, params)
     for job in order(snapshot, now, params):
-        if blocked_by_starving and not starving(job, now, params):
-            decisions.append(Wait(job.name, "a job past its maximum wait goes first; its resources are held"))
-            continue
-        if job.yield_to is not None and job.yield_to in waiting:
-            decisions.append(Wait(job.name, f"preempted for {job.yield_to}, which starts first"))
-            continue
-        bare = _shape(job, None)
-        if bare not in never:  # the full check only when a bundle or a packed gang exceeds every node
-            fits_empty = (
-                place_all(job, snapshot.nodes, empty, params, None, able) if _too_big(job, biggest) else ()
-            )
-            never[bare] = fits_empty if isinstance(fits_empty, str) else ""
-        if never[bare]:  # the real blocker, whatever the quotas say
-            decisions.append(Wait(job.name, f"it cannot run on this cluster even when idle: {never[bare]}"))
-            continue
-        over_quota = (job.queue, tuple(sorted(demand(job).items())))
-        if over_quota in refused:  # usage only grows within a cycle: refused now, refused again
-            decisions.append(Wait(job.name, refused[over_quota]))
-            continue
-        borrowed, why = quota_check(job, params, usage)
-        if borrowed is None and not (evicting or _has_lower(job, snapshot, params)):
-            refused[over_quota] = why
-        keep = None if job.priority in params.reserve_classes or not any(reserve.values()) else reserve
+        cycle.consider(job)
+    if not cycle.blocked_by_starving:
+        cycle.decisions += grow(snapshot, params, cycle.free, cycle.usage, cycle.evicting, cycle.reserve)
+    return cycle.decisions
+
+
+_Placed = tuple[list[Placement], dict[str, Resources]] | str  # placements and what is left, or why not
+
+
+@dataclass
+class _Cycle:
+    """One admission cycle's state. Free only shrinks within a cycle, so a (queue, demand) refused,
+    or a shape that did not fit (on what is free now, or once the evictions under way end), is
+    refused again later in it without another search."""
+
+    snapshot: ClusterSnapshot
+    now: float
+    params: AdmissionParams
+    free: dict[str, Resources]
+    usage: dict[str, dict[str, float]]
+    coming: dict[str, Resources]  # what is free once the evictions under way are done
+    reserve: dict[str, float]
+    usage_later: dict[str, dict[str, float]]  # each queue's usage then, with what is promised
+    evicting: set[str]
+    empty: dict[str, Resources]  # every node's capacity: the idle cluster
+    biggest: dict[str, float]  # per resource, the most any one node has
+    waiting: set[str]
+    refused: dict[tuple[object, ...], str]
+    failed: dict[tuple[object, ...], str]
+    failed_later: dict[tuple[object, ...], str]
+    never: dict[tuple[object, ...], str]  # shapes that fit not even the empty cluster
+    able: dict[frozenset[str], list[Node]]  # nodes that have each set of resources
+    decisions: list[Decision]
+    blocked_by_starving: bool = False
+
+    @classmethod
+    def start(cls, snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> _Cycle:
+        free: dict[str, Resources] = dict(free_of(snapshot.nodes, snapshot.running))
+        usage = usage_by_queue(snapshot.running)
+        biggest: dict[str, float] = {}
+        for n in snapshot.nodes:
+            for k, amount in n.capacity.items():
+                biggest[k] = max(biggest.get(k, 0.0), amount)
+        return cls(
+            snapshot=snapshot,
+            now=now,
+            params=params,
+            free=free,
+            usage=usage,
+            coming=_coming(free, snapshot),
+            reserve=_reserve_left(snapshot.running, params),
+            usage_later=_usage_coming(usage, snapshot),
+            evicting=set(snapshot.evicting),
+            empty={n.name: n.capacity for n in snapshot.nodes},
+            biggest=biggest,
+            waiting={j.name for j in snapshot.pending},
+            refused={},
+            failed={},
+            failed_later={},
+            never={},
+            able={},
+            decisions=[],
+        )
+
+    def consider(self, job: PendingJob) -> None:
+        """Admit the job, make room for it, or say why it waits."""
+        reason = self._skip(job)
+        if reason is not None:
+            self.decisions.append(Wait(job.name, reason))
+            return
+        borrowed, why = quota_check(job, self.params, self.usage)
+        if borrowed is None and not (self.evicting or _has_lower(job, self.snapshot, self.params)):
+            self.refused[_over_quota_key(job)] = why
+        no_reserve = job.priority in self.params.reserve_classes or not any(self.reserve.values())
+        keep = None if no_reserve else self.reserve
         shape = _shape(job, keep)
-        if borrowed is None:
-            placed: tuple[list[Placement], dict[str, Resources]] | str = why
-        elif shape in failed:
-            placed = failed[shape]
-        else:
-            placed = place_all(job, snapshot.nodes, free, params, keep, able)
-            if isinstance(placed, str):
-                failed[shape] = placed
+        placed = self._place_now(job, borrowed, why, keep, shape)
         if isinstance(placed, str):
             why = placed
         elif borrowed is not None:
-            placements, free = placed
-            elastic_nodes = place_elastic(job.elastic, free)
-            used = (demand(job), *job.elastic[: len(elastic_nodes)])
-            usage[job.queue] = add(usage.get(job.queue, {}), *used)
-            usage_later[job.queue] = add(usage_later.get(job.queue, {}), *used)
-            if job.priority in params.reserve_classes and reserve:
-                reserve = {k: max(0.0, v - add(*used).get(k, 0.0)) for k, v in reserve.items()}
-            taken = [
-                (n, b)
-                for g, pl in zip(job.gangs, placements, strict=True)
-                for b, n in zip(g.bundles, pl.nodes, strict=True)
-            ]
-            for node, res in (*taken, *zip(elastic_nodes, job.elastic, strict=False)):
-                coming[node] = minus(coming[node], res)
-            decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
-            continue
-        victims: list[_Candidate] | None = None
-        quota_later = borrowed is not None or quota_check(job, params, usage_later)[0] is not None
-        if not quota_later:
-            later: tuple[list[Placement], dict[str, Resources]] | str = why
-        elif not (snapshot.evicting or evicting) or shape in failed_later:
-            later = failed_later.get(shape, why)  # nothing is being freed: `coming` is `free`
-        else:
-            later = place_all(job, snapshot.nodes, coming, params, keep, able)
-            if isinstance(later, str):
-                failed_later[shape] = later
-        if not isinstance(later, str):  # the evictions already under way make room for it
-            free = _hold(free, coming, later[1])
-            coming = later[1]
-            usage_later[job.queue] = add(usage_later.get(job.queue, {}), demand(job))
-            decisions.append(Wait(job.name, "waiting for the preemptions under way to finish"))
-        else:
-            running = tuple(r for r in snapshot.running if r.name not in evicting)
-            victims = choose_victims(
-                job,
-                ClusterSnapshot(snapshot.nodes, running, ()),
-                now,
-                params,
-                coming,
-                usage_later,
-                keep,
-                able,
+            self._admit(job, placed, borrowed)
+            return
+        victims = self._make_room(job, borrowed, why, keep, shape)
+        if starving(job, self.now, self.params) and (borrowed is not None or victims is not None):
+            self.blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
+
+    def _skip(self, job: PendingJob) -> str | None:
+        """Why the job waits without a search, or None."""
+        if self.blocked_by_starving and not starving(job, self.now, self.params):
+            return "a job past its maximum wait goes first; its resources are held"
+        if job.yield_to is not None and job.yield_to in self.waiting:
+            return f"preempted for {job.yield_to}, which starts first"
+        bare = _shape(job, None)
+        if bare not in self.never:  # the full check only when a bundle or a packed gang exceeds every node
+            fits_empty = (
+                place_all(job, self.snapshot.nodes, self.empty, self.params, None, self.able)
+                if _too_big(job, self.biggest)
+                else ()
             )
-            if victims is None:
-                decisions.append(Wait(job.name, why))
-            else:
-                after = _reserve(job, snapshot.nodes, coming, victims, params, keep, able)
-                free = _hold(free, coming, after)
-                coming = after
-                usage_later[job.queue] = add(usage_later.get(job.queue, {}), demand(job))
-                for v in victims:
-                    released = v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic)
-                    usage_later[v.job.queue] = minus(usage_later[v.job.queue], add(*(r for _, r in released)))
-                    evicting.add(v.job.name)
-                    grace = params.classes[v.job.priority].grace_s
-                    decisions.append(Evict(v.job.name, v.elastic_only, grace, job.name, v.why))
-                longest = max(params.classes[v.job.priority].grace_s for v in victims)
-                decisions.append(
-                    Wait(job.name, f"{len(victims)} preemption(s) under way (grace up to {longest:g} s)")
-                )
-        if starving(job, now, params) and (borrowed is not None or victims is not None):
-            blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
-    if not blocked_by_starving:
-        decisions += grow(snapshot, params, free, usage, evicting, reserve)
-    return decisions
+            self.never[bare] = fits_empty if isinstance(fits_empty, str) else ""
+        if self.never[bare]:  # the real blocker, whatever the quotas say
+            return f"it cannot run on this cluster even when idle: {self.never[bare]}"
+        return self.refused.get(_over_quota_key(job))  # usage only grows within a cycle
+
+    def _place_now(
+        self,
+        job: PendingJob,
+        borrowed: dict[str, float] | None,
+        why: str,
+        keep: dict[str, float] | None,
+        shape: tuple[object, ...],
+    ) -> _Placed:
+        if borrowed is None:
+            return why
+        if shape in self.failed:
+            return self.failed[shape]
+        placed = place_all(job, self.snapshot.nodes, self.free, self.params, keep, self.able)
+        if isinstance(placed, str):
+            self.failed[shape] = placed
+        return placed
+
+    def _admit(
+        self,
+        job: PendingJob,
+        placed: tuple[list[Placement], dict[str, Resources]],
+        borrowed: dict[str, float],
+    ) -> None:
+        placements, self.free = placed
+        elastic_nodes = place_elastic(job.elastic, self.free)
+        used = (demand(job), *job.elastic[: len(elastic_nodes)])
+        self.usage[job.queue] = add(self.usage.get(job.queue, {}), *used)
+        self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), *used)
+        if job.priority in self.params.reserve_classes and self.reserve:
+            self.reserve = {k: max(0.0, v - add(*used).get(k, 0.0)) for k, v in self.reserve.items()}
+        taken = [
+            (n, b)
+            for g, pl in zip(job.gangs, placements, strict=True)
+            for b, n in zip(g.bundles, pl.nodes, strict=True)
+        ]
+        for node, res in (*taken, *zip(elastic_nodes, job.elastic, strict=False)):
+            self.coming[node] = minus(self.coming[node], res)
+        self.decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
+
+    def _make_room(
+        self,
+        job: PendingJob,
+        borrowed: dict[str, float] | None,
+        why: str,
+        keep: dict[str, float] | None,
+        shape: tuple[object, ...],
+    ) -> list[_Candidate] | None:
+        """It does not fit now: wait for the evictions under way, or start new ones (the victims)."""
+        quota_later = borrowed is not None or quota_check(job, self.params, self.usage_later)[0] is not None
+        if not quota_later:
+            later: _Placed = why
+        elif not (self.snapshot.evicting or self.evicting) or shape in self.failed_later:
+            later = self.failed_later.get(shape, why)  # nothing is being freed: `coming` is `free`
+        else:
+            later = place_all(job, self.snapshot.nodes, self.coming, self.params, keep, self.able)
+            if isinstance(later, str):
+                self.failed_later[shape] = later
+        if not isinstance(later, str):  # the evictions already under way make room for it
+            self.free = _hold(self.free, self.coming, later[1])
+            self.coming = later[1]
+            self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), demand(job))
+            self.decisions.append(Wait(job.name, "waiting for the preemptions under way to finish"))
+            return None
+        return self._preempt(job, why, keep)
+
+    def _preempt(self, job: PendingJob, why: str, keep: dict[str, float] | None) -> list[_Candidate] | None:
+        running = tuple(r for r in self.snapshot.running if r.name not in self.evicting)
+        victims = choose_victims(
+            job,
+            ClusterSnapshot(self.snapshot.nodes, running, ()),
+            self.now,
+            self.params,
+            self.coming,
+            self.usage_later,
+            keep,
+            self.able,
+        )
+        if victims is None:
+            self.decisions.append(Wait(job.name, why))
+            return None
+        after = _reserve(job, self.snapshot.nodes, self.coming, victims, self.params, keep, self.able)
+        self.free = _hold(self.free, self.coming, after)
+        self.coming = after
+        self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), demand(job))
+        for v in victims:
+            released = v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic)
+            self.usage_later[v.job.queue] = minus(
+                self.usage_later[v.job.queue], add(*(r for _, r in released))
+            )
+            self.evicting.add(v.job.name)
+            grace = self.params.classes[v.job.priority].grace_s
+            self.decisions.append(Evict(v.job.name, v.elastic_only, grace, job.name, v.why))
+        longest = max(self.params.classes[v.job.priority].grace_s for v in victims)
+        self.decisions.append(
+            Wait(job.name, f"{len(victims)} preemption(s) under way (grace up to {longest:g} s)")
+        )
+        return victims
+
+
+def _over_quota_key(job: PendingJob) -> tuple[object, ...]:
+    return (job.queue, tuple(sorted(demand(job).items())))
 
 
 def grow(
