@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlsched.policy.cluster_model import (
     _EPS,
@@ -396,6 +396,18 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
 _Placed = tuple[list[Placement], dict[str, Resources]] | str  # placements and what is left, or why not
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """One job's try in a cycle: the quota it would borrow (None: over quota), why it would wait,
+    the reserve it must leave, and its shape (the key of what already failed in this cycle)."""
+
+    job: PendingJob
+    borrowed: dict[str, float] | None
+    why: str
+    keep: dict[str, float] | None
+    shape: tuple[object, ...]
+
+
 @dataclass
 class _Cycle:
     """One admission cycle's state. Free only shrinks within a cycle, so a (queue, demand) refused,
@@ -462,14 +474,14 @@ class _Cycle:
             self.refused[_over_quota_key(job)] = why
         no_reserve = job.priority in self.params.reserve_classes or not any(self.reserve.values())
         keep = None if no_reserve else self.reserve
-        shape = _shape(job, keep)
-        placed = self._place_now(job, borrowed, why, keep, shape)
+        attempt = _Attempt(job, borrowed, why, keep, _shape(job, keep))
+        placed = self._place_now(attempt)
         if isinstance(placed, str):
-            why = placed
+            attempt = replace(attempt, why=placed)
         elif borrowed is not None:
             self._admit(job, placed, borrowed)
             return
-        victims = self._make_room(job, borrowed, why, keep, shape)
+        victims = self._make_room(attempt)
         if starving(job, self.now, self.params) and (borrowed is not None or victims is not None):
             self.blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
 
@@ -491,21 +503,14 @@ class _Cycle:
             return f"it cannot run on this cluster even when idle: {self.never[bare]}"
         return self.refused.get(_over_quota_key(job))  # usage only grows within a cycle
 
-    def _place_now(
-        self,
-        job: PendingJob,
-        borrowed: dict[str, float] | None,
-        why: str,
-        keep: dict[str, float] | None,
-        shape: tuple[object, ...],
-    ) -> _Placed:
-        if borrowed is None:
-            return why
-        if shape in self.failed:
-            return self.failed[shape]
-        placed = place_all(job, self.snapshot.nodes, self.free, self.params, keep, self.able)
+    def _place_now(self, a: _Attempt) -> _Placed:
+        if a.borrowed is None:
+            return a.why
+        if a.shape in self.failed:
+            return self.failed[a.shape]
+        placed = place_all(a.job, self.snapshot.nodes, self.free, self.params, a.keep, self.able)
         if isinstance(placed, str):
-            self.failed[shape] = placed
+            self.failed[a.shape] = placed
         return placed
 
     def _admit(
@@ -530,31 +535,25 @@ class _Cycle:
             self.coming[node] = minus(self.coming[node], res)
         self.decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
 
-    def _make_room(
-        self,
-        job: PendingJob,
-        borrowed: dict[str, float] | None,
-        why: str,
-        keep: dict[str, float] | None,
-        shape: tuple[object, ...],
-    ) -> list[_Candidate] | None:
+    def _make_room(self, a: _Attempt) -> list[_Candidate] | None:
         """It does not fit now: wait for the evictions under way, or start new ones (the victims)."""
-        quota_later = borrowed is not None or quota_check(job, self.params, self.usage_later)[0] is not None
+        job = a.job
+        quota_later = a.borrowed is not None or quota_check(job, self.params, self.usage_later)[0] is not None
         if not quota_later:
-            later: _Placed = why
-        elif not (self.snapshot.evicting or self.evicting) or shape in self.failed_later:
-            later = self.failed_later.get(shape, why)  # nothing is being freed: `coming` is `free`
+            later: _Placed = a.why
+        elif not (self.snapshot.evicting or self.evicting) or a.shape in self.failed_later:
+            later = self.failed_later.get(a.shape, a.why)  # nothing is being freed: `coming` is `free`
         else:
-            later = place_all(job, self.snapshot.nodes, self.coming, self.params, keep, self.able)
+            later = place_all(job, self.snapshot.nodes, self.coming, self.params, a.keep, self.able)
             if isinstance(later, str):
-                self.failed_later[shape] = later
+                self.failed_later[a.shape] = later
         if not isinstance(later, str):  # the evictions already under way make room for it
             self.free = _hold(self.free, self.coming, later[1])
             self.coming = later[1]
             self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), demand(job))
             self.decisions.append(Wait(job.name, "waiting for the preemptions under way to finish"))
             return None
-        return self._preempt(job, why, keep)
+        return self._preempt(job, a.why, a.keep)
 
     def _preempt(self, job: PendingJob, why: str, keep: dict[str, float] | None) -> list[_Candidate] | None:
         running = tuple(r for r in self.snapshot.running if r.name not in self.evicting)
