@@ -53,7 +53,7 @@ from rlsched.policy.verify import (
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.grpo import group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
-from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
+from rlsched.rl.task import TaskProblem, build_task, verify_kind_key
 from rlsched.rl.update import TrainItem
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet, VerifierSpecError
@@ -113,6 +113,7 @@ class JobController:
         for i in range(cfg.rollout.instances):
             self.fleet.add(f"rollout-{i}")
         self.version = 0
+        self._held: list[tuple[PendingVerification, VerifyRequest, str | None, int, bytes]] = []
         self.inbox = inbox  # `rlsched scale` commands arrive here (actors.scale)
         self._polled = 0.0
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
@@ -159,17 +160,19 @@ class JobController:
         samples: dict[RequestId, Sample] = {}
         pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
         warned = False
-        while fleet.generating or not all(p.idle for p in pools):
+        while fleet.generating or self._held or not all(p.idle for p in pools):
             self._poll_inbox()
             fleet.tick()
-            if self.cfg.schedule.overlap or not fleet.generating:
-                batch = BatchState(
-                    BatchId(f"iter-{iteration}"),
-                    cost_rate=float(self.cfg.trainer.ranks * max(1, self.cfg.trainer.gpus_per_rank)),
-                    outstanding=len(requests) - len(samples),
-                )
-                for pool in pools:
-                    pool.dispatch((batch,))
+            if self._held and not fleet.generating:  # the sequential baseline: the whole batch at once
+                self.pool.submit_many(self._held)
+                self._held = []
+            batch = BatchState(
+                BatchId(f"iter-{iteration}"),
+                cost_rate=float(self.cfg.trainer.ranks * max(1, self.cfg.trainer.gpus_per_rank)),
+                outstanding=len(requests) - len(samples),
+            )
+            for pool in pools:
+                pool.dispatch((batch,))
             wait_s = min(0.5, fleet.next_event_in() or 0.5)
             others = fleet.waitables()
             warned = self._stranded(iteration, warned)
@@ -291,7 +294,10 @@ class JobController:
             slots=self._slots(problem.verifier),
         )
         request = VerifyRequest(sample.request_id, sample.text, problem.answer)
-        self.pool.submit(task, request, problem.verifier, iteration)
+        if self.cfg.schedule.overlap:
+            self.pool.submit(task, request, problem.verifier, iteration)
+        else:  # handed over once every sample exists
+            self._held.append((task, request, problem.verifier, iteration, b""))
 
     def _slots(self, kind: str | None) -> int:
         """Workers one verification of this kind needs at once (a verifier's `slots`, default 1);
@@ -302,10 +308,7 @@ class JobController:
             return 1
 
     def _kind_key(self, problem: TaskProblem) -> tuple[str, str]:
-        """The verifier kind and the key whose history predicts a problem's verification time."""
-        if isinstance(problem, JsonlProblem):
-            return problem.verifier or self.cfg.verifier.kind, problem.id
-        return self.cfg.verifier.kind, problem.content
+        return verify_kind_key(problem, self.cfg.verifier.kind)
 
     def assemble(
         self,

@@ -1,27 +1,23 @@
-"""The Ray verifier pool of one job: workers, dispatch by the shared policy, and watching over runs.
+"""The Ray verifier pool of one job: a driver of `rlsched.core.verify_pool.VerifyPoolCore`.
 
-Each sample becomes a `PendingVerification` the moment it exists (`submit`). `dispatch` asks
-`rlsched.policy.verify.decide`, the call the simulator makes, and sends each decision to its worker.
-`watch`, on every turn of the controller's loop, looks after the running work:
+Every rule (dispatch order, timeouts, heartbeats, retries, preemption, gangs, the slot and task
+lifecycles) lives in the core, which the simulator drives too. This module only translates: a Ray
+call that completes becomes a core event stamped with the controller's clock, and each effect the
+core returns becomes a Ray call.
 
-- timeouts: a run past its problem's adaptive timeout (`rlsched.policy.timeouts.TimeoutTable`,
-  RollPacker's rule, capped) is stopped by killing its worker: nothing short of ending the process
-  stops arbitrary in-process code;
-- heartbeats: every `heartbeat_s` each busy worker is asked what it is doing; one silent for
-  `heartbeat_timeout_s` is declared lost and killed;
-- a run past its kind's 90th percentile tells the estimator so (a lower bound for its siblings).
+- `StartWorker` starts a `VerifierWorker` actor (in the job's placement group, if any); its first
+  heartbeat's answer is `WorkerUp` (its pid, when it runs on the controller's node).
+- `StartRun` calls `verify`; the answer is `RunFinished`. `RayActorError` means the process ended:
+  `WorkerExited`, sent once the pid is gone on this node. Any other `RayError` is a CRASH fault of
+  the run, the worker living on.
+- `StopWorker` is `ray.kill`, plus SIGKILL on this node (Ray's kill waits about 5 s for a frozen
+  process to exit gracefully).
+- `AskHeartbeat` calls `heartbeat`; its answer is `HeartbeatAnswered`.
+- `RunEnded` is a VERIFY span, `Settled` an outcome to hand over, `HandedOn` the CPU stage's
+  prepared work for the GPU stage, `Note` a log line.
 
-A gang verification (its verifier's `slots` > 1) runs on one worker while the policy's other chosen
-workers are held idle for it, all taken and released together. Under `distrs` with `preempt`, a
-`Preempt` decision stops a run like a timeout does, and the run is requeued to start again later.
-
-A slot follows `rlsched.policy.lifecycle.SlotState`: a stopped worker is STOPPING until its failed call
-is observed (its process has ended), and only then does a fresh actor take the slot; the fresh one
-gets work once it has answered a first call. The interrupted verification is requeued with
-attempt + 1 and its elapsed time recorded as a censored observation; a timeout is reported as a
-TIMEOUT fault (retried like any execution fault, up to the job's `verify_retries`). Outcomes are
-idempotent by sample id and attempt: only the current attempt of a sample that has no outcome yet
-is accepted, so a late answer from a superseded run can never count twice.
+With `trace` on, every event fed to the core is kept with the effects it returned: the record that
+`rlsched.sim.replay` replays in virtual time, decision for decision.
 """
 
 from __future__ import annotations
@@ -39,25 +35,35 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.verifier import Heartbeat, Stage, VerifierWorker
 from rlsched.config import VerifierConfig
+from rlsched.core.verify_pool import (
+    AskHeartbeat,
+    Effect,
+    Event,
+    HandedOn,
+    HeartbeatAnswered,
+    Heartbeats,
+    Note,
+    PoolCounts,
+    PoolParams,
+    ReleaseWorker,
+    RunEnded,
+    RunFinished,
+    Settled,
+    StartRun,
+    StartWorker,
+    StopWorker,
+    Submitted,
+    Tick,
+    Trace,
+    VerifyPoolCore,
+    WorkerExited,
+    WorkerUp,
+)
 from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.estimate import RemainingTime
-from rlsched.policy.lifecycle import SlotState, slot_transition
-from rlsched.policy.timeouts import TimeoutTable
-from rlsched.policy.verify import (
-    BatchState,
-    Dispatch,
-    PendingVerification,
-    Preempt,
-    RunningVerification,
-    TaskId,
-    VerifyParams,
-    VerifySnapshot,
-    WorkerId,
-    WorkerSlot,
-    decide,
-)
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Prepared, Verdict, VerifyRequest
+from rlsched.policy.verify import BatchState, PendingVerification, TaskId, VerifyParams, WorkerId
+from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Prepared, VerifyRequest
 
 # what a CPU stage hands to the GPU stage: the task, its request, verifier kind, iteration, payload
 OnPrepared = Callable[[PendingVerification, VerifyRequest, "str | None", int, Prepared], None]
@@ -72,10 +78,6 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _timeout_key(task: PendingVerification) -> str:
-    return f"{task.kind}/{task.key}"
-
-
 def _await_exit(pid: int, limit_s: float = 10.0) -> None:
     """Wait until `pid` has exited (after SIGKILL: at once), polling every millisecond."""
     give_up = time.monotonic() + limit_s
@@ -84,26 +86,10 @@ def _await_exit(pid: int, limit_s: float = 10.0) -> None:
 
 
 @dataclass
-class _Run:
-    task: PendingVerification
-    worker: WorkerId
-    dispatched: float
-    iteration: int
-    timeout_s: float
-    stopping: str | None = None  # why the worker is being killed: "timeout", "lost" or "preempted"
-    gang: tuple[WorkerId, ...] = ()  # the other workers a gang verification holds
-
-
-@dataclass
-class _Slot:
+class _Worker:
     handle: Any
-    state: SlotState
     pid: int | None = None  # from its first heartbeat, when it runs on the controller's node
-    beat: Any = None  # the outstanding heartbeat call, if any
-    last_heard: float = 0.0
-
-    def to(self, state: SlotState) -> None:
-        self.state = slot_transition(self.state, state)
+    stopped: bool = False  # a kill was sent
 
     def kill_here(self) -> None:
         """SIGKILL its process when it runs on the controller's node (a no-op elsewhere, or if gone)."""
@@ -111,15 +97,33 @@ class _Slot:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
+    def end(self) -> None:
+        """Make sure it is gone on this node before its slot is refilled."""
+        if self.pid is not None:
+            self.kill_here()
+            _await_exit(self.pid)
 
-@dataclass
-class PoolCounts:
-    timeouts: int = 0  # runs stopped at their timeout
-    lost: int = 0  # workers declared lost for want of a heartbeat
-    died: int = 0  # workers whose process ended on its own mid-verification
-    replaced: int = 0  # fresh workers started in a stopped or dead one's place
-    requeued: int = 0  # verifications put back in the queue after their worker ended
-    preempted: int = 0  # runs stopped for more urgent work (requeued, rerun from the start)
+
+@dataclass(frozen=True)
+class _Call:
+    """What an outstanding Ray call is for: a worker's first answer, a run, or a heartbeat."""
+
+    what: str  # "up", "run" or "beat"
+    worker: WorkerId
+    task_id: str = ""
+    attempt: int = 0
+
+
+def pool_params(cfg: VerifierConfig, retries: int, gpu: bool) -> PoolParams:
+    """The core's parameters from the job's `verifier` section."""
+    return PoolParams(
+        VerifyParams(cfg.dispatch, preempt=cfg.preempt),
+        workers=cfg.gpu_workers if gpu else cfg.workers,
+        retries=retries,
+        timeouts=cfg.timeout.params(),
+        heartbeats=Heartbeats(cfg.heartbeat_s, cfg.heartbeat_timeout_s),
+        name="gpu-verifier" if gpu else "verifier",
+    )
 
 
 class VerifierPool:
@@ -135,101 +139,44 @@ class VerifierPool:
         on_prepared: OnPrepared | None = None,
         pg: Any = None,
     ) -> None:
-        self.cfg, self.retries, self.estimator, self.spans = cfg, retries, estimator, spans
-        self.pg = pg  # the cluster scheduler's placement group its workers start in (None: anywhere)
-        self.clock, self.log = clock, log
         if stage == "cpu" and on_prepared is None:
             raise ValueError("a CPU-stage pool needs on_prepared: where its prepared work goes next")
-        self.stage, self.on_prepared = stage, on_prepared
-        size = cfg.gpu_workers if stage == "gpu" else cfg.workers
-        if stage == "gpu" and (have := ray.cluster_resources().get("GPU", 0.0)) < size:
+        params = pool_params(cfg, retries, gpu=stage == "gpu")
+        if stage == "gpu" and (have := ray.cluster_resources().get("GPU", 0.0)) < params.workers:
             raise UserError(
-                f"verifier.gpu_workers is {size} but the Ray cluster has {have:g} GPU(s); each GPU worker "
-                "holds one device of its own. Lower verifier.gpu_workers or add GPU nodes"
+                f"verifier.gpu_workers is {params.workers} but the Ray cluster has {have:g} GPU(s); each GPU "
+                "worker holds one device of its own. Lower verifier.gpu_workers or add GPU nodes"
             )
-        self.timeouts = TimeoutTable(cfg.timeout.params())
-        self.slots: dict[WorkerId, _Slot] = {}
-        self.starting: dict[Any, WorkerId] = {}  # a fresh worker's first heartbeat -> the worker
-        self._node = ray.get_runtime_context().get_node_id()
-        self._started = 0
-        for _ in range(size):
-            self._start_worker()
-        self.pending: dict[TaskId, PendingVerification] = {}
+        self.cfg, self.spans, self.clock, self.log = cfg, spans, clock, log
+        self.stage, self.on_prepared = stage, on_prepared
+        self.pg = pg  # the cluster scheduler's placement group its workers start in (None: anywhere)
+        self.core = VerifyPoolCore(params, estimator, at=clock())
+        self.estimator = estimator
+        self.workers: dict[WorkerId, _Worker] = {}
+        self.calls: dict[Any, _Call] = {}  # by ObjectRef
         self.requests: dict[TaskId, tuple[VerifyRequest, str | None, int]] = {}  # request, kind, iteration
         self.payloads: dict[TaskId, bytes] = {}  # the GPU stage's input, from the CPU stage
-        self.runs: dict[Any, _Run] = {}  # by the verify call's ObjectRef
         self.outcomes: dict[TaskId, Outcome] = {}
-        self.counts = PoolCounts()
-        self._free_at_arrival: dict[TaskId, bool] = {}
-        self._faults: dict[TaskId, int] = {}  # execution faults so far, per sample
-
-    # -- workers -----------------------------------------------------------------------------------
-
-    def _start_worker(self) -> WorkerId:
-        """A fresh actor, STARTING until it answers its first heartbeat (its pid and node)."""
-        gpu = self.stage == "gpu"
-        wid = WorkerId(f"{'gpu-' if gpu else ''}verifier-{self._started}")
-        self._started += 1
-        options: dict[str, Any] = (
-            {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.cfg.cpus_per_worker}
-        )
-        if self.pg is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
-        handle = VerifierWorker.options(**options).remote(
-            wid, self.cfg.kind, self.cfg.delay_s, self.cfg.sandbox.policy()
-        )
-        self.slots[wid] = _Slot(handle, SlotState.STARTING)
-        self.starting[handle.heartbeat.remote()] = wid
-        return wid
-
-    def _stop(self, run: _Run, why: str) -> None:
-        """Kill the run's worker; the slot is refilled when its failed call is observed. Ray's kill
-        waits for a graceful exit first (about 5 s for a frozen process), so on this node the pool
-        also sends SIGKILL itself."""
-        slot = self.slots[run.worker]
-        if slot.state is not SlotState.BUSY:
-            return
-        slot.to(SlotState.STOPPING)
-        run.stopping = why
-        ray.kill(slot.handle, no_restart=True)
-        slot.kill_here()
-
-    def _replace(self, wid: WorkerId) -> None:
-        """The old worker's exit was observed (on this node: its pid is gone); a fresh one starts."""
-        slot = self.slots.pop(wid)
-        if slot.pid is not None:  # Ray counts it dead: make sure of it on this node
-            slot.kill_here()
-            _await_exit(slot.pid)
-        slot.to(SlotState.GONE)
-        self._start_worker()
-        self.counts.replaced += 1
-
-    def wait_started(self, timeout_s: float = 120.0) -> None:
-        """Block until every STARTING worker has answered (benchmarks and tests start the clock
-        after this; the controller just dispatches to workers as they come up)."""
-        give_up = self.clock() + timeout_s
-        while self.starting:
-            if self.clock() > give_up:
-                raise TimeoutError(
-                    f"{len(self.starting)} verifier worker(s) did not start in {timeout_s:g} s"
-                )
-            refs = list(self.starting)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
-            for ref in ready:
-                self.on_ready(ref)
+        self.trace: Trace | None = None
+        self._node = ray.get_runtime_context().get_node_id()
+        self._apply(self.core.start())
 
     @property
-    def idle(self) -> bool:
-        """Nothing queued and nothing running."""
-        return not self.pending and not self.runs
+    def counts(self) -> PoolCounts:
+        return self.core.counts
 
-    def waitables(self) -> list[Any]:
-        return [*self.runs, *self.starting]
+    def record(self) -> Trace:
+        """From now on, keep every event fed to the core and the effects it returned."""
+        self.trace = Trace.begin(self.core)
+        return self.trace
 
-    def owns(self, ref: Any) -> bool:
-        return ref in self.runs or ref in self.starting
+    # -- events in ---------------------------------------------------------------------------------
 
-    # -- work --------------------------------------------------------------------------------------
+    def _feed(self, event: Event) -> None:
+        effects = self.core.handle(event)
+        if self.trace is not None:
+            self.trace.steps.append((event, effects))
+        self._apply(effects)
 
     def submit(
         self,
@@ -239,237 +186,182 @@ class VerifierPool:
         iteration: int,
         payload: bytes = b"",
     ) -> None:
-        self.pending[task.task_id] = task
-        self.requests[task.task_id] = (request, kind, iteration)
-        if payload:
-            self.payloads[task.task_id] = payload
-        free = sum(s.state is SlotState.IDLE for s in self.slots.values())
-        self._free_at_arrival[task.task_id] = len(self.pending) <= free
+        self.submit_many([(task, request, kind, iteration, payload)])
 
-    def _running(self) -> tuple[RunningVerification, ...]:
-        return tuple(
-            RunningVerification(
-                r.task.task_id,
-                r.task.batch_id,
-                r.dispatched,
-                r.task.kind,
-                r.task.key,
-                r.task.elapsed,
-                slots=r.task.slots,
-                worker_id=r.worker,
-                attempt=r.task.attempt,
-            )
-            for r in self.runs.values()
-            if r.stopping is None
-        )
+    def submit_many(
+        self, items: Sequence[tuple[PendingVerification, VerifyRequest, str | None, int, bytes]]
+    ) -> None:
+        """Queue several samples at once (they are then offered to free workers together)."""
+        for task, request, kind, iteration, payload in items:
+            self.requests[task.task_id] = (request, kind, iteration)
+            if payload:
+                self.payloads[task.task_id] = payload
+        self._feed(Submitted(self.clock(), tuple(item[0] for item in items)))
 
     def dispatch(self, batches: tuple[BatchState, ...]) -> None:
-        if not self.pending:
-            return
-        snapshot = VerifySnapshot(
-            tuple(self.pending.values()),
-            tuple(WorkerSlot(w) for w, s in self.slots.items() if s.state is SlotState.IDLE),
-            running=self._running(),
-            batches=batches,
-            estimator=self.estimator,
-            pool_size=len(self.slots),
-        )
-        params = VerifyParams(self.cfg.dispatch, preempt=self.cfg.preempt)
-        by_task = {r.task.task_id: r for r in self.runs.values()}
-        for decision in decide(snapshot, self.clock(), params):
-            if isinstance(decision, Dispatch):
-                self._send(self.pending.pop(decision.task_id), decision.worker_id, decision.gang)
-            elif isinstance(decision, Preempt):
-                self.log(f"preempting {decision.task_id} on {decision.worker_id}: {decision.reason}")
-                self._stop(by_task[decision.task_id], "preempted")
-
-    def _send(self, task: PendingVerification, wid: WorkerId, gang: tuple[WorkerId, ...] = ()) -> None:
-        """Start the verification on `wid`; a gang's other workers are held, idle, until it ends
-        (their cores are the gang's to use: the pool runs nothing else on them)."""
-        request, kind, iteration = self.requests[task.task_id]
-        for held in (wid, *gang):
-            slot = self.slots[held]
-            slot.to(SlotState.BUSY)
-            slot.last_heard = self.clock()
-        ref = self.slots[wid].handle.verify.remote(
-            replace(request, attempt=task.attempt), kind, self.stage, self.payloads.get(task.task_id, b"")
-        )
-        timeout = self.timeouts.timeout(_timeout_key(task))
-        self.runs[ref] = _Run(task, wid, self.clock(), iteration, timeout, gang=gang)
-
-    def _release_gang(self, run: _Run) -> None:
-        for held in run.gang:
-            self.slots[held].to(SlotState.IDLE)
-
-    # -- watching ----------------------------------------------------------------------------------
+        """What the batches still wait for, as of now (the dispatch policy reads it)."""
+        self._feed(Tick(self.clock(), batches))
 
     def watch(self) -> None:
-        now = self.clock()
-        for run in list(self.runs.values()):
-            elapsed = now - run.dispatched
-            if run.stopping is None and elapsed > run.timeout_s:
-                self.log(
-                    f"verification {run.task.task_id} (attempt {run.task.attempt}) passed its "
-                    f"{run.timeout_s:.3g} s timeout on {run.worker}: killing the worker"
-                )
-                self._stop(run, "timeout")
-            elif elapsed > self.estimator.overdue_after(run.task.kind):
-                self.estimator.running_for(run.task.kind, run.task.key, run.task.task_id, elapsed)
-        self._heartbeats(now)
-
-    def _heartbeats(self, now: float) -> None:
-        answered = [s for s in self.slots.values() if s.beat is not None]
-        if answered:
-            ready, _ = ray.wait([s.beat for s in answered], num_returns=len(answered), timeout=0)
-            done = set(ready)
-            for slot in answered:
-                if slot.beat in done:
-                    slot.beat, slot.last_heard = None, now
-        by_worker = {r.worker: r for r in self.runs.values()}
-        for wid, slot in self.slots.items():
-            if slot.state is not SlotState.BUSY or wid not in by_worker:
-                continue  # idle, or held for a gang (the gang's running worker is watched)
-            if now - slot.last_heard > self.cfg.heartbeat_timeout_s:
-                self.log(f"verifier worker {wid} has not answered for {now - slot.last_heard:.1f} s: lost")
-                self._stop(by_worker[wid], "lost")
-            elif slot.beat is None and now - slot.last_heard >= self.cfg.heartbeat_s:
-                slot.beat = slot.handle.heartbeat.remote()
-
-    # -- results -----------------------------------------------------------------------------------
+        """Let due timers fire: timeouts, heartbeats, overdue runs."""
+        self._feed(Tick(self.clock()))
 
     def on_ready(self, ref: Any) -> None:
-        if ref in self.starting:
-            wid = self.starting.pop(ref)
-            try:
-                beat: Heartbeat = ray.get(ref)
-            except ray.exceptions.RayError as err:  # it never started: try another
-                self.log(f"verifier worker {wid} did not start ({err}); starting another")
-                self._replace(wid)
-                return
-            slot = self.slots[wid]
-            slot.to(SlotState.IDLE)
-            slot.last_heard = self.clock()
-            slot.pid = beat.pid if beat.node_id == self._node else None
-            return
-        self._on_outcome(self.runs.pop(ref), ref)
-
-    def _on_outcome(self, run: _Run, ref: Any) -> None:
-        now = self.clock()
-        task = run.task
+        call = self.calls.pop(ref)
+        worker = self.workers.get(call.worker)
         try:
-            outcome, w_start, w_end = ray.get(ref)
-        except ray.exceptions.RayActorError as err:  # the worker's process has ended: observed now
-            self._on_worker_ended(run, now, err)
-            return
+            answer = ray.get(ref)
+        except ray.exceptions.RayActorError as err:  # the process has ended: observed now
+            if call.what == "run" and worker is not None:
+                self._ended(call.worker)
+                self._feed(WorkerExited(self.clock(), call.worker, type(err).__name__))
+            elif call.what == "up":
+                self.workers.pop(call.worker, None)
+                self._feed(WorkerExited(self.clock(), call.worker, str(err)))
+            return  # a heartbeat's failure: the run's own call reports the death
         except ray.exceptions.RayError as err:  # the call failed, the worker lives on
-            outcome, w_start, w_end = (
-                ExecutionFault(task.task_id, FaultKind.CRASH, repr(err), task.attempt),
-                now,
-                now,
-            )
-        slot = self.slots[run.worker]
-        if slot.state is SlotState.STOPPING:  # it answered just before the kill landed
-            self._replace(run.worker)
+            if call.what == "up":
+                self.workers.pop(call.worker, None)
+                self._feed(WorkerExited(self.clock(), call.worker, str(err)))
+            elif call.what == "run":
+                now = self.clock()
+                fault = ExecutionFault(call.task_id, FaultKind.CRASH, repr(err), call.attempt)
+                self._feed(RunFinished(now, TaskId(call.task_id), call.attempt, fault, now, now))
+            return
+        if call.what == "up":
+            beat: Heartbeat = answer
+            if worker is not None:
+                worker.pid = beat.pid if beat.node_id == self._node else None
+            self._feed(WorkerUp(self.clock(), call.worker))
+        elif call.what == "run":
+            outcome, w_start, w_end = answer
+            if worker is not None and worker.stopped:  # it answered just before the kill landed
+                self._ended(call.worker)
+            self._feed(RunFinished(self.clock(), TaskId(call.task_id), call.attempt, outcome, w_start, w_end))
         else:
-            slot.to(SlotState.IDLE)
-        self._release_gang(run)
-        if isinstance(outcome, Verdict | Prepared):
-            self.estimator.observe(task.kind, task.key, max(0.0, w_end - w_start), run_id=task.task_id)
-            if isinstance(outcome, Prepared) or outcome.correct:
-                self.timeouts.correct_run(_timeout_key(task), max(0.0, w_end - w_start))
-        if isinstance(outcome, Prepared):
-            self._hand_on(run, outcome, now, w_start)
-            return
-        self._settle(run, outcome, now, w_start)
+            self._feed(HeartbeatAnswered(self.clock(), call.worker))
 
-    def _hand_on(self, run: _Run, prepared: Prepared, now: float, w_start: float) -> None:
+    def _ended(self, wid: WorkerId) -> None:
+        """The worker's process is gone (made sure of on this node) before the core refills its slot."""
+        self.workers.pop(wid).end()
+
+    # -- effects out -------------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case StartWorker():
+                    self._start_worker(effect.worker)
+                case StartRun():
+                    self._start_run(effect)
+                case StopWorker():
+                    worker = self.workers[effect.worker]
+                    worker.stopped = True
+                    ray.kill(worker.handle, no_restart=True)
+                    worker.kill_here()
+                case ReleaseWorker():
+                    ray.kill(self.workers.pop(effect.worker).handle)
+                case AskHeartbeat():
+                    ref = self.workers[effect.worker].handle.heartbeat.remote()
+                    self.calls[ref] = _Call("beat", effect.worker)
+                case RunEnded():
+                    self._span(effect)
+                case Settled():
+                    self.outcomes[effect.task_id] = effect.outcome
+                case HandedOn():
+                    self._hand_on(effect)
+                case Note():
+                    self.log(effect.message)
+
+    def _start_worker(self, wid: WorkerId) -> None:
+        """A fresh actor; the core holds it STARTING until it answers its first heartbeat."""
+        gpu = self.stage == "gpu"
+        options: dict[str, Any] = (
+            {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.cfg.cpus_per_worker}
+        )
+        if self.pg is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
+        handle = VerifierWorker.options(**options).remote(
+            wid, self.cfg.kind, self.cfg.delay_s, self.cfg.sandbox.policy()
+        )
+        self.workers[wid] = _Worker(handle)
+        self.calls[handle.heartbeat.remote()] = _Call("up", wid)
+
+    def _start_run(self, effect: StartRun) -> None:
+        task = effect.task
+        request, kind, _ = self.requests[task.task_id]
+        payload = self.payloads.get(task.task_id, b"")
+        ref = self.workers[effect.worker].handle.verify.remote(
+            replace(request, attempt=task.attempt), kind, self.stage, payload
+        )
+        self.calls[ref] = _Call("run", effect.worker, task.task_id, task.attempt)
+
+    def _hand_on(self, effect: HandedOn) -> None:
         """A two-stage verifier's CPU stage is done: its GPU stage takes it from here."""
-        self._span(run, now, w_start, "Prepared")
-        request, kind, iteration = self.requests.pop(run.task.task_id)
-        self._free_at_arrival.pop(run.task.task_id, None)
-        self._faults.pop(run.task.task_id, None)
+        request, kind, iteration = self.requests.pop(effect.task.task_id)
         assert self.on_prepared is not None  # only a CPU-stage pool asks for Prepared, and it has one
-        gpu_task = replace(run.task, arrival=now, attempt=0, elapsed=0.0)
-        self.on_prepared(gpu_task, request, kind, iteration, prepared)
+        self.on_prepared(effect.task, request, kind, iteration, effect.prepared)
 
-    def _on_worker_ended(self, run: _Run, now: float, err: Exception) -> None:
-        task, elapsed = run.task, now - run.dispatched
-        self._replace(run.worker)
-        self._release_gang(run)
-        self.estimator.observe(task.kind, task.key, elapsed, censored=True, run_id=task.task_id)
-        match run.stopping:
-            case "preempted":
-                self.counts.preempted += 1
-                self._span(run, now, now, "Preempted")
-                self._requeue(task)
-                return
-            case "timeout":
-                self.counts.timeouts += 1
-                kind = FaultKind.TIMEOUT
-                detail = (
-                    f"stopped after {elapsed:.3g} s, past its {run.timeout_s:.3g} s timeout (worker killed)"
-                )
-            case "lost":
-                self.counts.lost += 1
-                kind = FaultKind.CRASH
-                detail = f"worker {run.worker} stopped answering heartbeats (killed after {elapsed:.3g} s)"
-            case _:
-                self.counts.died += 1
-                self.log(f"verifier worker {run.worker} died verifying {task.task_id}: {type(err).__name__}")
-                kind = FaultKind.CRASH
-                detail = f"worker {run.worker} died mid-verification ({type(err).__name__})"
-        self._settle(run, ExecutionFault(task.task_id, kind, detail, task.attempt), now, now)
-
-    def _requeue(self, task: PendingVerification) -> None:
-        """Back in the queue with attempt + 1, to run again from the start (a verification cannot
-        resume; what the stopped run showed is in the estimator as a censored observation)."""
-        self.counts.requeued += 1
-        again = replace(task, attempt=task.attempt + 1)
-        self.pending[again.task_id] = again
-
-    def _settle(self, run: _Run, outcome: Outcome, now: float, w_start: float) -> None:
-        """Record the span; keep the outcome if it is the sample's first, retry a fault that may pass."""
-        task = run.task
-        self._span(run, now, w_start, type(outcome).__name__)
-        if task.task_id in self.outcomes:
-            return  # idempotent: the sample was settled by another attempt
-        faults = self._faults.get(task.task_id, 0)
-        if isinstance(outcome, ExecutionFault) and outcome.kind.retryable and faults < self.retries:
-            self._faults[task.task_id] = faults + 1  # preemptions do not use up retries
-            self._requeue(task)
-            return
-        self.outcomes[task.task_id] = outcome
-
-    def _span(self, run: _Run, now: float, w_start: float, outcome: str) -> None:
-        task = run.task
+    def _span(self, ended: RunEnded) -> None:
+        task = ended.task
+        _, _, iteration = self.requests[task.task_id]
         self.spans.append(
             Span(
                 SpanKind.VERIFY,
                 f"{task.task_id}/gpu" if self.stage == "gpu" else task.task_id,
-                run.dispatched,
-                now,
-                run.iteration,
+                ended.dispatched,
+                ended.at,
+                iteration,
                 {
-                    "lane": run.worker,
+                    "lane": ended.worker,
                     "attempt": task.attempt,
-                    "queued_s": round(run.dispatched - task.arrival, 6),
-                    "start_delay_s": round(w_start - task.arrival, 6),
-                    "outcome": outcome,
-                    "gang": list(run.gang),
-                    "free_at_arrival": self._free_at_arrival.get(task.task_id, False),
+                    "queued_s": round(ended.dispatched - task.arrival, 6),
+                    "start_delay_s": round(ended.w_start - task.arrival, 6),
+                    "outcome": ended.outcome,
+                    "gang": list(ended.gang),
+                    "free_at_arrival": ended.free_at_arrival,
                 },
             )
         )
+
+    # -- waiting -----------------------------------------------------------------------------------
+
+    def wait_started(self, timeout_s: float = 120.0) -> None:
+        """Block until every starting worker has answered (benchmarks and tests start the clock
+        after this; the controller just dispatches to workers as they come up)."""
+        give_up = self.clock() + timeout_s
+        while starting := [ref for ref, call in self.calls.items() if call.what == "up"]:
+            if self.clock() > give_up:
+                raise TimeoutError(f"{len(starting)} verifier worker(s) did not start in {timeout_s:g} s")
+            ready, _ = ray.wait(starting, num_returns=len(starting), timeout=1.0)
+            for ref in ready:
+                self.on_ready(ref)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return self.core.idle
+
+    def waitables(self) -> list[Any]:
+        return list(self.calls)
+
+    def owns(self, ref: Any) -> bool:
+        return ref in self.calls
+
+    def wait_s(self, limit_s: float) -> float:
+        """How long the caller may block before the core's next timer is due (at most `limit_s`)."""
+        due = self.core.next_wakeup()
+        return limit_s if due is None else max(0.0, min(limit_s, due - self.clock()))
 
     def drain(self, batches: tuple[BatchState, ...] = (), timeout_s: float = 600.0) -> dict[TaskId, Outcome]:
         """Run what was submitted to the end (for callers with nothing else to wait on: benchmarks,
         tests); the settled outcomes. The controller runs the same `step`s in its own loop, beside
         the generation streams."""
         give_up = self.clock() + timeout_s
+        self.dispatch(batches)
         while not self.idle:
             if self.clock() > give_up:
                 raise TimeoutError(f"the verifier pool did not finish within {timeout_s:g} s")
-            self.dispatch(batches)
             step([self], timeout_s=0.2)
         return self.take_outcomes()
 
@@ -479,14 +371,12 @@ class VerifierPool:
         for task_id in out:
             self.requests.pop(task_id, None)
             self.payloads.pop(task_id, None)
-            self._free_at_arrival.pop(task_id, None)
-            self._faults.pop(task_id, None)
         return out
 
     def shutdown(self) -> None:
-        for slot in self.slots.values():
-            ray.kill(slot.handle)
-        self.slots.clear()
+        for worker in self.workers.values():
+            ray.kill(worker.handle)
+        self.workers.clear()
 
 
 def step(
@@ -496,13 +386,14 @@ def step(
     timeout_s: float = 0.5,
 ) -> None:
     """One turn of a loop that waits on verifier pools (and on `others`, e.g. generation streams):
-    block until something is done or `timeout_s` passes, let each pool watch its runs, then hand
-    every finished call to its pool, and each finished one of `others` to `on_other`, in the order
-    Ray returns them."""
+    block until something is done, a pool's next timer is due, or `timeout_s` passes; let each pool's
+    timers fire; then hand every finished call to its pool, and each finished one of `others` to
+    `on_other`, in the order Ray returns them."""
     refs = [*others, *(ref for pool in pools for ref in pool.waitables())]
     if not refs:
         return
-    ray.wait(refs, num_returns=1, timeout=timeout_s)
+    wait = min([timeout_s, *(pool.wait_s(timeout_s) for pool in pools)])
+    ray.wait(refs, num_returns=1, timeout=wait)
     for pool in pools:
         pool.watch()  # timeouts, heartbeats, overdue runs
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)

@@ -55,6 +55,7 @@ from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.rljob import SimRun, simulate
 from rlsched.sim.scenario import ScenarioConfig
 
+TIMEOUT = {"floor_s": 2.0, "factor": 3.0, "cap_s": 3600.0, "hard_cap_s": 3600.0}
 SHAPES: dict[str, Any] = {
     "bimodal": {"kind": "mixture", "components": [{"weight": 9, "dist": 1.0}, {"weight": 1, "dist": 100.0}]},
     "lognormal": {"kind": "lognormal", "mean": 5.0, "sigma": 1.5},
@@ -97,6 +98,10 @@ def scenario(args: argparse.Namespace, shape: Any, arm: str, jobs: int = 1) -> S
                 "worker_cost": WORKER_COST,
                 "order_generation": arm != "distrs (dispatch only)",
                 "preempt": arm == "distrs+preempt",
+                # the runtime's adaptive timeouts, set to let every real verification finish: the
+                # bimodal shape's 100 s runs pass the default 30 s cap, and a group's samples vary
+                # by a lognormal factor (sigma 0.2) that 1.5 x a sibling's time would cut
+                "timeout": TIMEOUT,
             },
             "jobs": [_job(n, args, shape, arm != "sequential", g) for n, g in specs],
         }

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZED = ("actors/*.py", "rlsched/sim/*.py", "rlsched/rl/loop.py")
+SIZED = ("actors/*.py", "rlsched/core/*.py", "rlsched/sim/*.py", "rlsched/rl/loop.py")
 SCANNED = ("rlsched", "actors", "verifiers", "scripts")
 # rule -> the setting (or call) every place that applies the rule reads
 RULES = {

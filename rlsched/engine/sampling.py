@@ -36,9 +36,11 @@ class RowSamplers:
         own: Sequence[torch.Generator | None] | None = None,
     ) -> RowSamplers:
         """`own`: each row's generator, kept across steps (None: a seeded row gets a new one)."""
-        gens: list[torch.Generator | None] = list(own) if own is not None else [
-            torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params
-        ]
+        gens: list[torch.Generator | None] = (
+            list(own)
+            if own is not None
+            else [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
+        )
         return cls(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),

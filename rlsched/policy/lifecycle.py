@@ -9,6 +9,10 @@ engine cannot start, is RELEASED without ever serving.
 A verifier worker slot: STARTING -> IDLE <-> BUSY; a busy worker that must stop (timeout,
 preemption, silence) is STOPPING until its exit is observed, then GONE; one that dies on its own goes
 straight to GONE. Only IDLE slots are offered to the dispatch policy.
+
+A verification task: QUEUED -> RUNNING -> SETTLED (its outcome is kept) or HANDED_ON (a two-stage
+verifier's CPU stage prepared it for the GPU stage); a run whose worker must be killed is STOPPING
+until the exit is observed; a retried fault or a preempted run goes back to QUEUED with attempt + 1.
 """
 
 from __future__ import annotations
@@ -110,11 +114,42 @@ SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
 }
 
 
+class VerifyState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SETTLED = "settled"
+    HANDED_ON = "handed_on"
+
+
+_V = VerifyState
+VERIFY_TRANSITIONS: dict[VerifyState, frozenset[VerifyState]] = {
+    _V.QUEUED: frozenset({_V.RUNNING}),  # the dispatch policy gave it a worker (and a gang's others)
+    _V.RUNNING: frozenset(
+        {
+            _V.SETTLED,  # a verdict, a fault not to retry, or the worker died with no retries left
+            _V.HANDED_ON,  # the CPU stage's Prepared: the GPU stage takes it as a new task
+            _V.QUEUED,  # a retryable fault (or its worker died) with retries left: attempt + 1
+            _V.STOPPING,  # past its timeout, its worker silent, or preempted: the kill is sent
+        }
+    ),
+    _V.STOPPING: frozenset(
+        {
+            _V.QUEUED,  # preempted (never counts as a retry), or a timeout with retries left
+            _V.SETTLED,  # a timeout or a lost worker with no retries left; or it answered in time
+            _V.HANDED_ON,  # it answered with Prepared just before the kill landed
+        }
+    ),
+    _V.SETTLED: frozenset(),  # terminal: a late answer of any attempt changes nothing
+    _V.HANDED_ON: frozenset(),  # terminal for this stage
+}
+
+
 class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar("S", InstanceState, SlotState)
+S = TypeVar("S", InstanceState, SlotState, VerifyState)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
@@ -132,3 +167,7 @@ def transition(current: InstanceState, target: InstanceState) -> InstanceState:
 
 def slot_transition(current: SlotState, target: SlotState) -> SlotState:
     return _checked(SLOT_TRANSITIONS, "verifier slot", current, target)
+
+
+def verify_transition(current: VerifyState, target: VerifyState) -> VerifyState:
+    return _checked(VERIFY_TRANSITIONS, "verification", current, target)

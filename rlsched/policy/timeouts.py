@@ -47,6 +47,9 @@ class TimeoutTable:
     def __init__(self, params: TimeoutParams | None = None) -> None:
         self.params = params or TimeoutParams()
         self._runs: OrderedDict[str, deque[float]] = OrderedDict()
+        self._anchors: dict[str, float] = {}  # max(self._runs[key]), kept as runs come and go
+        self._timeouts: dict[str, float] = {}  # adaptive_timeout(anchor), kept with it
+        self._no_anchor = adaptive_timeout(None, self.params)
 
     def correct_run(self, key: str, seconds: float) -> None:
         if seconds < 0:
@@ -55,14 +58,24 @@ class TimeoutTable:
         if runs is None:
             runs = self._runs[key] = deque(maxlen=self.params.window)
             if len(self._runs) > self.params.max_keys:
-                self._runs.popitem(last=False)
+                dropped, _ = self._runs.popitem(last=False)
+                del self._anchors[dropped], self._timeouts[dropped]
         else:
             self._runs.move_to_end(key)
+        leaving = runs[0] if len(runs) == runs.maxlen else None
         runs.append(seconds)
+        anchor = self._anchors.get(key)
+        if anchor is None or seconds >= anchor:
+            anchor = seconds
+        elif leaving is not None and leaving >= anchor:  # the longest run left the window
+            anchor = max(runs)
+        else:
+            return
+        self._anchors[key] = anchor
+        self._timeouts[key] = adaptive_timeout(anchor, self.params)
 
     def anchor(self, key: str) -> float | None:
-        runs = self._runs.get(key)
-        return max(runs) if runs else None
+        return self._anchors.get(key)
 
     def timeout(self, key: str) -> float:
-        return adaptive_timeout(self.anchor(key), self.params)
+        return self._timeouts.get(key, self._no_anchor)

@@ -28,13 +28,15 @@ from rlsched.config import JobConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
+from rlsched.policy.verify import BatchId, PendingVerification, TaskId
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats, group_advantages
+from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, sampling_params
-from rlsched.rl.task import TaskProblem, build_task, check_prompts
+from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
 from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy
 from verifiers.loading import VerifierSet
-from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest, run_verifier
+from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
 
 
 @dataclass
@@ -105,6 +107,7 @@ class GRPOLoop:
             log(note)
         self.verifier = verifier  # a test's stand-in; otherwise each sample's kind from `verifiers`
         self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
+        self.pool = LocalPool(cfg.verifier, cfg.grpo.verify_retries)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.version = WeightVersion(0)
@@ -117,16 +120,14 @@ class GRPOLoop:
     # -- the iteration -----------------------------------------------------------------------
 
     def verify(self, sample: Sample, problem: TaskProblem) -> Outcome:
-        """Judge one sample; retry execution faults up to `verify_retries` times."""
+        """Judge one sample now, through the pool's core (`LocalPool`): a retryable execution
+        fault is retried up to `verify_retries` times, bad input is not."""
         verifier = self.verifier or self.verifiers.get(problem.verifier)
-        attempt = 0
-        while True:
-            outcome = run_verifier(
-                verifier, VerifyRequest(sample.request_id, sample.text, problem.answer, attempt)
-            )
-            if isinstance(outcome, Verdict) or attempt >= self.cfg.grpo.verify_retries:
-                return outcome
-            attempt += 1
+        kind, key = verify_kind_key(problem, self.cfg.verifier.kind)
+        task = PendingVerification(
+            TaskId(sample.request_id), BatchId(f"v{self.version}"), self.pool.clock(), kind=kind, key=key
+        )
+        return self.pool.verify(task, verifier, VerifyRequest(sample.request_id, sample.text, problem.answer))
 
     def generate_and_verify(
         self, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]

@@ -236,6 +236,14 @@ TaskProblem = Problem | JsonlProblem
 # -- checks every task shares ----------------------------------------------------------------------
 
 
+def verify_kind_key(problem: TaskProblem, default_kind: str) -> tuple[str, str]:
+    """The verifier kind of a problem's samples, and the key whose history predicts their
+    verification time (and sets their timeout): the problem itself."""
+    if isinstance(problem, JsonlProblem):
+        return problem.verifier or default_kind, problem.id
+    return default_kind, problem.content
+
+
 def name_rows(rows: Sequence[str], shown: int = 5) -> str:
     """The first few of a list of rows, and how many there are: never a wall of text, never silent."""
     if len(rows) <= shown:

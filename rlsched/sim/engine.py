@@ -13,35 +13,26 @@ import gc
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 Action = Callable[[], None]
 
 
-@dataclass
-class _Event:
-    time: float
-    action: Action
-    cancelled: bool = False
-
-
-_Entry = tuple[float, int, int, _Event]  # (time, priority, seq, event): compared in C, seq is unique
-
-
 class EventHandle:
-    """What `at`/`after` return: enough to cancel the event before it runs."""
+    """A scheduled event, as `at`/`after` return it: its time, and enough to cancel it before it
+    runs. (One small object per event: the simulator makes millions.)"""
 
-    def __init__(self, event: _Event) -> None:
-        self._event = event
+    __slots__ = ("action", "cancelled", "time")
 
-    @property
-    def time(self) -> float:
-        return self._event.time
+    def __init__(self, time: float, action: Action) -> None:
+        self.time, self.action, self.cancelled = time, action, False
 
     def cancel(self) -> None:
-        self._event.cancelled = True
+        self.cancelled = True
+
+
+_Entry = tuple[float, int, int, EventHandle]  # (time, priority, seq, event): compared in C, seq is unique
 
 
 class Simulator:
@@ -60,9 +51,9 @@ class Simulator:
     def at(self, time: float, action: Action, priority: int = 0) -> EventHandle:
         if time < self.now:
             raise ValueError(f"cannot schedule at {time}, before now ({self.now})")
-        event = _Event(time, action)
+        event = EventHandle(time, action)
         heapq.heappush(self._heap, (time, priority, next(self._seq), event))
-        return EventHandle(event)
+        return event
 
     def after(self, delay: float, action: Action, priority: int = 0) -> EventHandle:
         if delay < 0:

@@ -26,39 +26,61 @@ verifications).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
-from itertools import islice
 
 import numpy as np
 
+from rlsched.core.verify_pool import (
+    Effect,
+    Event,
+    HandedOn,
+    Note,
+    PoolParams,
+    RunEnded,
+    RunFinished,
+    Scaling,
+    Settled,
+    StartRun,
+    StartWorker,
+    StopWorker,
+    Submitted,
+    Tick,
+    VerifyPoolCore,
+    WorkerExited,
+    WorkerUp,
+    dispatch_line,
+    render,
+)
 from rlsched.metrics.spans import Span, SpanKind, phase_times
-from rlsched.policy.dispatch_queue import DispatchQueue
-from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.queueing import fcfs
 from rlsched.policy.verify import (
     BatchId,
     BatchState,
-    Dispatch,
     DispatchPolicy,
     PendingVerification,
-    Preempt,
-    RunningVerification,
     TaskId,
     VerifyParams,
-    VerifySnapshot,
     WorkerId,
-    WorkerSlot,
-    advise_pool,
-    decide,
     generation_order,
 )
 from rlsched.sim.dists import draw
-from rlsched.sim.engine import Simulator
+from rlsched.sim.engine import EventHandle, Simulator
 from rlsched.sim.fleet import SimFleet
 from rlsched.sim.scenario import ScenarioConfig, SimJobConfig, SimPoolConfig
+from verifiers.protocol import Outcome, Prepared, Verdict
 
-Done = Callable[[TaskId, float, WorkerId], None]  # (task, start, worker), called at the end
+Done = Callable[[TaskId, "Outcome | PendingVerification"], None]  # settled, or handed to the GPU stage
+
+
+@dataclass(slots=True)
+class _Work:
+    """What the simulator drew for one verification, and whom to tell when it is done."""
+
+    seconds: float
+    done: Done
+    iteration: int
+    prepares: bool = False  # a CPU stage's run whose work goes on to the GPU stage
 
 
 @dataclass
@@ -81,187 +103,121 @@ class SimRun:
 
 
 class _Stage:
-    """One kind of verifier worker (CPU or GPU), shared by every job: its queue, its workers, what
-    it has learnt about verification times, and (with autoscaling) how many workers it holds."""
+    """One kind of verifier worker (CPU or GPU), shared by every job: a driver of the pool's core
+    (`rlsched.core.verify_pool`) in virtual time. A run takes its drawn duration and ends with a
+    passing verdict (or, on a CPU stage with a GPU stage after it, prepared work); a kill and the
+    exit it causes are immediate; the first workers are up at once, any later one (a replacement,
+    or one added by scaling) after `start_s`."""
 
     def __init__(
-        self, name: str, workers: int, sim: Simulator, policy: DispatchPolicy, pool: SimPoolConfig
+        self,
+        name: str,
+        workers: int,
+        sim: Simulator,
+        policy: DispatchPolicy,
+        pool: SimPoolConfig,
+        spans: list[Span],
     ) -> None:
-        self.name, self.sim, self.pool = name, sim, pool
+        self.name, self.sim, self.pool, self.spans = name, sim, pool, spans
         self.params = VerifyParams(policy, preempt=pool.preempt)
-        self.max_workers = workers
-        # free workers in the order they became free (a dict: ordered, O(1) removal); the policy is
-        # shown free slots only, so a decision costs O(free + pending), not O(all workers)
-        self.free: dict[WorkerId, None] = {WorkerId(f"{name}-{k}"): None for k in range(workers)}
-        self.spare: list[WorkerId] = []  # released by scaling, ready to be started again
-        self.estimator = RemainingTime()
-        self.pending = DispatchQueue(self.params, self.estimator)  # in the policy's order
-        self.running: dict[TaskId, tuple[PendingVerification, float]] = {}  # and when it started
-        self.held: dict[TaskId, tuple[WorkerId, ...]] = {}  # the workers each running one holds
-        self.preempted = 0
-        self.work: dict[TaskId, tuple[float, Done]] = {}
+        autoscale = pool.autoscale and policy is DispatchPolicy.DISTRS
+        scaling = Scaling(workers, pool.scale_interval_s, pool.worker_cost) if autoscale else None
+        self.core = VerifyPoolCore(
+            PoolParams(
+                self.params,
+                workers=workers,
+                retries=pool.verify_retries,
+                timeouts=pool.timeout.params(),
+                scaling=scaling,
+                learn=policy is not DispatchPolicy.FIFO or autoscale,  # fifo reads no estimates
+                name=name,
+            ),
+            at=sim.now,
+        )
+        self.estimator = self.core.estimator
+        self.work: dict[TaskId, _Work] = {}
         self.jobs: list[_Job] = []
-        self.learns = policy is not DispatchPolicy.FIFO or pool.autoscale  # fifo needs no estimates
         self.busy_s = 0.0
-        self.provisioned = workers
-        self._target = workers  # what advise_pool last asked for
-        self.worker_s = 0.0
-        self._since = 0.0  # when `provisioned` last changed
+        self._tick: EventHandle | None = None
+        for effect in self.core.start():  # the first workers are up at once
+            assert isinstance(effect, StartWorker)
+            self._feed(WorkerUp(sim.now, effect.worker))
+
+    def submit(self, tasks: list[tuple[PendingVerification, _Work]]) -> None:
+        """Queue verifications, each with its drawn seconds and what to call once it is done here."""
+        for task, work in tasks:
+            self.work[task.task_id] = work
+        self._feed(Submitted(self.sim.now, tuple([t for t, _ in tasks])))
+
+    def batches_changed(self) -> None:
+        """What the jobs' batches wait for has changed (the dispatch policy reads it)."""
+        self._feed(Tick(self.sim.now, tuple(j.batch_state() for j in self.jobs if j.active)))
+
+    def _feed(self, event: Event) -> None:
+        self._apply(self.core.handle(event))
+        due = self.core.next_wakeup()
+        if due is not None and (self._tick is None or due < self._tick.time):
+            if self._tick is not None:
+                self._tick.cancel()
+            self._tick = self.sim.at(max(due, self.sim.now), self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        self._feed(Tick(self.sim.now))
+
+    def _apply(self, effects: list[Effect]) -> None:
+        sim = self.sim
+        for e in effects:  # the common effects first, in the order they are most frequent
+            if isinstance(e, StartRun):
+                work = self.work[e.task.task_id]
+                sim.after(work.seconds, partial(self._finished, e.task, sim.now, work.prepares))
+                sim.decisions.append(dispatch_line(e, sim.now))
+            elif isinstance(e, RunEnded):
+                self._ended(e)
+            elif isinstance(e, Settled):
+                self.work.pop(e.task_id).done(e.task_id, e.outcome)
+            elif isinstance(e, HandedOn):
+                self.work.pop(e.task.task_id).done(e.task.task_id, e.task)
+            else:
+                self._apply_rare(e)
+
+    def _apply_rare(self, e: Effect) -> None:
+        """Effects of timeouts, preemption and scaling: a kill and its exit are immediate; the first
+        workers are up at once, any later one after `start_s`."""
+        sim = self.sim
+        sim.decisions.extend(render((e,), sim.now))
+        if isinstance(e, StopWorker):
+            sim.after(0.0, partial(self._feed, WorkerExited(sim.now, e.worker, "killed")))
+        elif isinstance(e, StartWorker):
+            sim.after(self.pool.start_s, partial(self._up, e.worker))
+        elif isinstance(e, Note):
+            sim.record(e.message)
+
+    def _up(self, worker: WorkerId) -> None:
+        self._feed(WorkerUp(self.sim.now, worker))
+
+    def _finished(self, task: PendingVerification, start: float, prepares: bool) -> None:
+        now = self.sim.now
+        outcome = Prepared(task.task_id, b"") if prepares else Verdict(task.task_id, 1.0, True)
+        self._feed(RunFinished(now, task.task_id, task.attempt, outcome, start, now))
+
+    def _ended(self, e: RunEnded) -> None:
+        """A run's span (every attempt, the runtime's schema with the job's name)."""
+        self.busy_s += (e.at - e.dispatched) * e.task.slots
+        iteration = self.work[e.task.task_id].iteration
+        span_id = f"{e.task.task_id}/gpu" if self.name == "gpu" else e.task.task_id
+        job = e.task.kind  # a job's verifications carry its name as their kind
+        attrs = {"lane": e.worker, "job": job, "attempt": e.task.attempt, "outcome": e.outcome}
+        self.spans.append(Span(SpanKind.VERIFY, span_id, e.dispatched, e.at, iteration, attrs))
 
     @property
-    def autoscale(self) -> bool:
-        return self.pool.autoscale and self.params.policy is DispatchPolicy.DISTRS
-
-    def submit(self, task: PendingVerification, duration: float, done: Done) -> None:
-        """Queue a verification; the caller calls `dispatch` once it has submitted what it has."""
-        self.pending.push(task)
-        self.work[task.task_id] = (duration, done)
-
-    def _snapshot(self, slots: tuple[WorkerSlot, ...], pool_size: int | None) -> VerifySnapshot:
-        """What `decide` and `advise_pool` see: the queue, running work, the jobs' batches."""
-        return VerifySnapshot(
-            self.pending.tasks(),
-            slots,
-            running=self._running(),
-            batches=tuple(j.batch_state() for j in self.jobs if j.active),
-            estimator=self.estimator,
-            pool_size=pool_size,
-        )
-
-    def _running(self) -> tuple[RunningVerification, ...]:
-        return tuple(
-            RunningVerification(
-                t.task_id,
-                t.batch_id,
-                start,
-                t.kind,
-                t.key,
-                slots=t.slots,
-                worker_id=self.held[t.task_id][0],
-                attempt=t.attempt,
-            )
-            for t, start in self.running.values()
-        )
-
-    def _decisions(self) -> list[tuple[PendingVerification, tuple[WorkerId, ...]]]:
-        """The policy's pairs of (verification, free workers): from `decide` when the order depends
-        on the clock or a gang is queued, otherwise from the queue that keeps `decide`'s order
-        incrementally. Preemptions `decide` asks for are carried out here."""
-        if self.pending.needs_decide:
-            pairs = []
-            # no more free slots than pending tasks could take (all of them when gangs are queued)
-            shown = sum(t.slots for t in self.pending.tasks()) if self.pending.gangs else len(self.pending)
-            slots = tuple(WorkerSlot(w) for w in islice(self.free, shown))
-            for d in decide(self._snapshot(slots, self.provisioned), self.sim.now, self.params):
-                if isinstance(d, Dispatch):
-                    task = self.pending.discard(d.task_id)
-                    assert task is not None
-                    pairs.append((task, (d.worker_id, *d.gang)))
-                elif isinstance(d, Preempt):
-                    self._preempt(d)
-            return pairs
-        workers = list(islice(self.free, len(self.pending)))
-        return [(task, (w,)) for w in workers if (task := self.pending.pop()) is not None]
-
-    def dispatch(self) -> None:
-        if not len(self.pending) or not self.free:
-            return
-        preempted = self.preempted
-        for task, workers in self._decisions():
-            for worker in workers:
-                del self.free[worker]
-            self.running[task.task_id] = (task, self.sim.now)
-            self.held[task.task_id] = workers
-            self.sim.record(f"dispatch {task.task_id} -> {', '.join(workers)}")
-            duration, _ = self.work[task.task_id]
-            self.sim.after(duration, partial(self._finish, workers[0], task.task_id, self.sim.now))
-            if self.learns and task.key:  # look again once it has run what its kind usually takes
-                after = max(self.estimator.overdue_after(task.kind), 1e-6)
-                self.sim.after(after, partial(self._overdue, task, self.sim.now))
-        if self.preempted > preempted:
-            self.dispatch()  # the preempted runs' workers are free now
-
-    def _preempt(self, d: Preempt) -> None:
-        """Stop a run (in virtual time the kill and the exit are immediate); it reruns from the start."""
-        task, start = self.running.pop(d.task_id)
-        self.preempted += 1
-        self.sim.record(f"preempt {d.task_id} on {d.worker_id} for {d.for_task}: {d.reason}")
-        for worker in self.held.pop(d.task_id):
-            self.free[worker] = None
-        if self.learns:
-            self.estimator.observe(
-                task.kind, task.key, self.sim.now - start, censored=True, run_id=task.task_id
-            )
-            self.pending.observed(task.kind, task.key)
-        self.pending.push(replace(task, attempt=task.attempt + 1))
-
-    def _overdue(self, task: PendingVerification, start: float) -> None:
-        """Still running past what its kind usually takes: tell the estimator (a provisional lower
-        bound for the task's siblings), re-key them, and look again when it has run twice as long."""
-        running = self.running.get(task.task_id)
-        if running is None or running[1] != start:
-            return  # finished, or this is a later attempt
-        elapsed = self.sim.now - start
-        self.estimator.running_for(task.kind, task.key, task.task_id, elapsed)
-        self.pending.observed(task.kind, task.key)
-        self.sim.after(elapsed, partial(self._overdue, task, start))
-
-    def _finish(self, worker: WorkerId, task: TaskId, start: float) -> None:
-        running = self.running.get(task)
-        if running is None or running[1] != start:
-            return  # this run was preempted (its rerun, if any, has its own finish)
-        pending, _ = self.running.pop(task)
-        duration, done = self.work.pop(task)
-        self.busy_s += duration * pending.slots
-        if self.learns:
-            self.estimator.observe(pending.kind, pending.key, duration, run_id=task)
-            self.pending.observed(pending.kind, pending.key)
-        for held in self.held.pop(task):
-            if self.autoscale and self.provisioned > self._target:
-                self._resize(self.provisioned - 1)  # over target: this worker goes back as it frees
-                self.spare.append(held)
-            else:
-                self.free[held] = None
-        done(task, start, worker)
-        self.dispatch()
-
-    # -- pool size over time (distrs with `pool.autoscale`) -----------------------------------------
-
-    def _resize(self, provisioned: int) -> None:
-        self.worker_s += self.provisioned * (self.sim.now - self._since)
-        self.provisioned, self._since = provisioned, self.sim.now
-
-    def start_scaling(self) -> None:
-        self._target = self.max_workers
-        self.sim.after(self.pool.scale_interval_s, self.rescale)
-
-    def rescale(self) -> None:
-        if not any(j.active for j in self.jobs):
-            return  # every job is done: no further ticks
-        advice = advise_pool(
-            self._snapshot((), None), self.sim.now, self.params, self.max_workers, self.pool.worker_cost
-        )
-        self._target = advice.workers
-        self.sim.record(f"{self.name} pool -> {advice.workers}: {advice.reason}")
-        while self.provisioned > self._target and self.free:  # release idle workers now
-            worker, _ = self.free.popitem()
-            self.spare.append(worker)
-            self._resize(self.provisioned - 1)
-        if self.provisioned < self._target:
-            adding = self._target - self.provisioned
-            self._resize(self._target)  # paid for from the request, start-up included
-            for _ in range(adding):
-                self.sim.after(self.pool.start_s, self._started)
-        self.sim.after(self.pool.scale_interval_s, self.rescale)
-
-    def _started(self) -> None:
-        self.free[self.spare.pop()] = None
-        self.dispatch()
+    def worker_s(self) -> float:
+        return self.core.worker_s
 
     def close(self, end: float) -> None:
         """Count worker-seconds up to `end`, when the last job finished (later events are checks
         that found nothing to do)."""
-        self.worker_s += self.provisioned * (end - self._since)
+        self.core.close(end)
 
 
 class _Job:
@@ -277,8 +233,9 @@ class _Job:
         self.base: dict[int, tuple[float, float]] = {}  # a problem's CPU and GPU verify seconds
         self.order = np.zeros(0, dtype=np.int64)  # the dataset's problems in this epoch's order
         self.next_problem = 0
-        self.held: list[tuple[PendingVerification, int]] = []  # sequential baseline: the batch so far
+        self.held: list[tuple[PendingVerification, _Work]] = []  # sequential baseline: the batch so far
         self.iteration = 0
+        self.batch_id = BatchId(f"{self.name}/iter-0")
         self.generating = 0
         self.unjudged = 0
         self.t_start = 0.0
@@ -360,6 +317,8 @@ class _Job:
         self.iteration += 1
         self.t_start = self.sim.now
         self.generating = self.unjudged = c.samples
+        self.batch_id = BatchId(f"{self.name}/iter-{self.iteration}")
+        self._batch_changed()
         durations = self._generation_times(c.samples)
         self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))
         if self.fleet is not None:  # one queue, READY instances take from it (rlsched.sim.fleet)
@@ -374,7 +333,7 @@ class _Job:
                 self.sim.at(self.sim.now + end, partial(self.on_sample, n, lane))
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
-        batch = BatchId(f"{self.name}/iter-{self.iteration}")
+        batch = self.batch_id
         key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
         return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
@@ -385,6 +344,14 @@ class _Job:
             Span(SpanKind.TRANSFER, f"{instance}/v", start, self.sim.now, self.iteration, attrs)
         )
 
+    def _stages(self) -> tuple[_Stage, ...]:
+        return (self.cpu,) if self.gpu is None else (self.cpu, self.gpu)
+
+    def _batch_changed(self) -> None:
+        if self.cpu.params.policy is DispatchPolicy.DISTRS:  # the only policy that reads batches
+            for stage in self._stages():
+                stage.batches_changed()
+
     def on_sample(self, n: int, lane: str) -> None:
         task = TaskId(f"{self.name}/{self.iteration}-{n}")
         self._span(SpanKind.GENERATE, task, self.t_start, lane)
@@ -392,28 +359,23 @@ class _Job:
         self.generating -= 1
         if self.generating == 0:
             self.last_generation_s = self.sim.now - self.t_start
+        self._batch_changed()
+        work = _Work(float(self.cpu_s[n]), partial(self.on_cpu_done, n), self.iteration, self.gpu is not None)
         if self.cfg.overlap:
-            self.cpu.submit(pending, float(self.cpu_s[n]), partial(self.on_cpu_done, n))
-            self.cpu.dispatch()
+            self.cpu.submit([(pending, work)])
             return
-        self.held.append((pending, n))
+        self.held.append((pending, work))
         if self.generating == 0:
-            for p, k in self.held:
-                self.cpu.submit(p, float(self.cpu_s[k]), partial(self.on_cpu_done, k))
-            self.held.clear()
-            self.cpu.dispatch()
+            self.cpu.submit(self.held)
+            self.held = []
 
-    def on_cpu_done(self, n: int, task: TaskId, start: float, worker: WorkerId) -> None:
-        self._span(SpanKind.VERIFY, task, start, worker)
-        if self.gpu is None:
-            self.on_judged()
+    def on_cpu_done(self, n: int, task: TaskId, result: Outcome | PendingVerification) -> None:
+        if self.gpu is None or not isinstance(result, PendingVerification):
+            self.on_judged()  # judged here (or the CPU stage failed it for good)
             return
-        pending = self._pending(task, n)
-        self.gpu.submit(pending, float(self.gpu_s[n]), self.on_gpu_done)
-        self.gpu.dispatch()
+        self.gpu.submit([(result, _Work(float(self.gpu_s[n]), self.on_gpu_done, self.iteration))])
 
-    def on_gpu_done(self, task: TaskId, start: float, worker: WorkerId) -> None:
-        self._span(SpanKind.VERIFY, f"{task}/gpu", start, worker)
+    def on_gpu_done(self, task: TaskId, result: Outcome | PendingVerification) -> None:
         self.on_judged()
 
     def on_judged(self) -> None:
@@ -448,6 +410,7 @@ class _Job:
             self.start_iteration()
         else:
             self.active = False
+            self._batch_changed()
             if self.fleet is not None:
                 self.fleet.closed = True
 
@@ -458,9 +421,9 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
     sim = Simulator(seed)
     run = SimRun()
     pool = scenario.pool
-    stages = {"cpu": _Stage("cpu", pool.cpu_workers, sim, policy, pool)}
+    stages = {"cpu": _Stage("cpu", pool.cpu_workers, sim, policy, pool, run.spans)}
     if pool.gpu_workers:
-        stages["gpu"] = _Stage("gpu", pool.gpu_workers, sim, policy, pool)
+        stages["gpu"] = _Stage("gpu", pool.gpu_workers, sim, policy, pool, run.spans)
     jobs = []
     for cfg in scenario.jobs:
         gpu = stages["gpu"] if cfg.verify_gpu_s is not None else None
@@ -470,9 +433,6 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
             if stage is not None:
                 stage.jobs.append(job)
         sim.at(0.0, job.start_iteration)
-    for stage in stages.values():
-        if stage.autoscale:
-            stage.start_scaling()
     run.events = sim.run()
     run.decisions = sim.decisions
     end = max((s.end for s in run.spans), default=0.0)

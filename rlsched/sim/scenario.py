@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from rlsched.config import _load, _Section
+from rlsched.config import TimeoutConfig, _load, _Section
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
 
@@ -44,6 +44,12 @@ class SimPoolConfig(_Section):
         False,
         description="distrs only: urgent work may stop a running verification of a batch whose "
         "training group costs less idle (it reruns from the start later)",
+    )
+    verify_retries: int = Field(
+        2, ge=0, description="retries of a timed-out verification (as grpo.verify_retries)"
+    )
+    timeout: TimeoutConfig = Field(
+        TimeoutConfig(), description="adaptive verification timeouts, the runtime's verifier.timeout"
     )
 
 

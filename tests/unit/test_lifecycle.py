@@ -1,31 +1,60 @@
-"""The rollout-instance lifecycle: every state is reachable, every edge in the table works, others raise."""
+"""Every lifecycle table: every state is reachable from the first, every edge works, others raise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
 import pytest
 
-from rlsched.policy.lifecycle import INSTANCE_TRANSITIONS, IllegalTransition, InstanceState, transition
+from rlsched.policy.lifecycle import (
+    INSTANCE_TRANSITIONS,
+    SLOT_TRANSITIONS,
+    VERIFY_TRANSITIONS,
+    IllegalTransition,
+    InstanceState,
+    SlotState,
+    VerifyState,
+    slot_transition,
+    transition,
+    verify_transition,
+)
+
+TABLES: list[tuple[type[StrEnum], dict[Any, frozenset[Any]], Callable[[Any, Any], Any]]] = [
+    (InstanceState, INSTANCE_TRANSITIONS, transition),
+    (SlotState, SLOT_TRANSITIONS, slot_transition),
+    (VerifyState, VERIFY_TRANSITIONS, verify_transition),
+]
 
 
-def test_table_covers_every_state_and_all_reachable_from_requested() -> None:
-    assert set(INSTANCE_TRANSITIONS) == set(InstanceState)
-    seen, frontier = {InstanceState.REQUESTED}, [InstanceState.REQUESTED]
+@pytest.mark.parametrize(("states", "table", "_move"), TABLES, ids=lambda t: getattr(t, "__name__", ""))
+def test_table_covers_every_state_and_all_reachable_from_the_first(
+    states: type[StrEnum], table: dict[Any, frozenset[Any]], _move: object
+) -> None:
+    assert set(table) == set(states)
+    first = next(iter(states))
+    seen, frontier = {first}, [first]
     while frontier:
-        for nxt in INSTANCE_TRANSITIONS[frontier.pop()]:
+        for nxt in table[frontier.pop()]:
             if nxt not in seen:
                 seen.add(nxt)
                 frontier.append(nxt)
-    assert seen == set(InstanceState)
+    assert seen == set(states)
 
 
-@pytest.mark.parametrize("src", list(InstanceState))
-def test_every_edge_and_every_non_edge(src: InstanceState) -> None:
-    for dst in InstanceState:
-        if dst in INSTANCE_TRANSITIONS[src]:
-            assert transition(src, dst) is dst
+@pytest.mark.parametrize(
+    ("src", "table", "move"), [(s, t, m) for states, t, m in TABLES for s in states], ids=str
+)
+def test_every_edge_and_every_non_edge(
+    src: StrEnum, table: dict[Any, frozenset[Any]], move: Callable[[Any, Any], Any]
+) -> None:
+    for dst in type(src):
+        if dst in table[src]:
+            assert move(src, dst) is dst
         else:
             with pytest.raises(IllegalTransition, match=f"from {src} to {dst}"):
-                transition(src, dst)
+                move(src, dst)
 
 
 def test_the_object_store_path() -> None:

@@ -69,6 +69,8 @@ def test_preemption_reruns_the_stopped_work_and_judges_every_sample_once() -> No
     preempts = [d for d in on.decisions if " preempt " in f" {d}"]
     assert preempts and not [d for d in off.decisions if " preempt " in f" {d}"]
     assert all("for big/" in d for d in preempts)  # only the costlier group's work preempts
-    for run in (on, off):
-        verified = [s.id for s in run.spans if s.kind is SpanKind.VERIFY]
+    for run in (on, off):  # a preempted run has a span of its own, as in the runtime
+        verified = [s.id for s in run.spans if s.kind is SpanKind.VERIFY and s.attrs["outcome"] == "Verdict"]
         assert len(verified) == len(set(verified)) == 2 * 2 * 64
+    stopped = [s for s in on.spans if s.kind is SpanKind.VERIFY and s.attrs["outcome"] == "Preempted"]
+    assert len(stopped) == len(preempts)

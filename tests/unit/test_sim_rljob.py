@@ -158,3 +158,20 @@ def test_incremental_queue_and_decide_make_the_same_decisions(
     queued = simulate(cfg, seed=1).decisions
     monkeypatch.setattr(DispatchQueue, "needs_decide", property(lambda self: True))
     assert simulate(cfg, seed=1).decisions == queued
+
+
+def test_the_simulator_stops_runs_at_the_runtimes_adaptive_timeout_and_retries_them() -> None:
+    """The pool's core is the runtime's: a verification far past its problem's correct runs is
+    killed at its timeout and retried (`verify_retries`), and every sample still ends judged once."""
+    job = {**JOB, "samples": 64, "problems": 16, "group_size": 4, "verify_cpu_s": 0.5, "verify_spread": 1.5}
+    cfg = scenario(job).model_dump()
+    cfg["pool"].update(verify_retries=1, timeout={"floor_s": 0.5, "factor": 1.5, "cap_s": 5.0})
+    run = simulate(ScenarioConfig.model_validate(cfg), seed=0)
+    stops = [d for d in run.decisions if d.endswith(": timeout")]
+    verify = [s for s in run.spans if s.kind is SpanKind.VERIFY]
+    outcomes = [s.attrs["outcome"] for s in verify]
+    assert stops and outcomes.count("ExecutionFault") == len(stops)
+    assert all(s.duration <= 5.0 + 1e-9 for s in verify)  # nothing runs past the cap
+    judged = {(s.id, s.iteration) for s in verify if s.attrs["outcome"] == "Verdict"}
+    retried_out = [s for s in verify if s.attrs["outcome"] == "ExecutionFault" and s.attrs["attempt"] == 1]
+    assert len(judged) + len(retried_out) == 2 * 64  # judged, or failed its retry too: each once
