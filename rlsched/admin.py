@@ -20,11 +20,11 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from rlsched.config import _load, _Section
+from rlsched.config import Section, load_tree
 from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams
 
 
-class PriorityClass(_Section):
+class PriorityClass(Section):
     value: int = Field(description="higher runs first and may preempt lower")
     preemptible: bool = True
     grace_s: float = Field(30.0, ge=0, description="seconds a preempted job gets to save or drain")
@@ -34,7 +34,7 @@ class PriorityClass(_Section):
     max_wait_s: float | None = Field(None, gt=0, description="the starvation bound: admitted within this")
 
 
-class Queue(_Section):
+class Queue(Section):
     cohort: str | None = Field(None, description="the cohort whose idle quota it may borrow")
     weight: float = Field(1.0, gt=0, description="its share under weighted dominant resource fairness")
     nominal: dict[str, float] = Field(default_factory=dict, description="guaranteed quota per resource")
@@ -59,11 +59,11 @@ class Queue(_Section):
         return self
 
 
-class Cohort(_Section):
+class Cohort(Section):
     parent: str | None = None
 
 
-class PreemptionRules(_Section):
+class PreemptionRules(Section):
     within_queue: bool = Field(True, description="a higher-priority job may preempt lower ones of its queue")
     reclaim_borrowed: bool = Field(True, description="a queue takes back its lent nominal quota")
     borrow_within_cohort: bool = Field(
@@ -77,26 +77,26 @@ class FairnessPolicy(StrEnum):
     FIFO = "fifo"  # priority, then arrival
 
 
-class Fairness(_Section):
+class Fairness(Section):
     policy: FairnessPolicy = FairnessPolicy.DRF
     usage_half_life_s: float | None = Field(
         None, gt=0, description="weigh decayed past usage too (unset: current allocation only)"
     )
 
 
-class Reserve(_Section):
+class Reserve(Section):
     classes: list[str] = Field(min_length=1, description="the latency-sensitive classes it serves")
     resources: dict[str, float]
 
 
-class NodeGroup(_Section):
+class NodeGroup(Section):
     name: str = Field(min_length=1)
     count: int = Field(1, ge=1)
     resources: dict[str, float]
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class AdminConfig(_Section):
+class AdminConfig(Section):
     device_types: list[str] = Field(default_factory=list, description="resources that name accelerators")
     nodes: list[NodeGroup] = Field(
         default_factory=list, description="the inventory quotas are checked against (the runtime reads Ray's)"
@@ -210,7 +210,7 @@ def _cohort_cycle(cohorts: dict[str, Cohort]) -> list[str]:
 
 
 def load_admin(path: Path | str) -> AdminConfig:
-    return _load(AdminConfig, path, None)
+    return load_tree(AdminConfig, path, None)
 
 
 def admission_params(cfg: AdminConfig) -> AdmissionParams:

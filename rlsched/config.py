@@ -23,7 +23,9 @@ from rlsched.transfer.plane import Plane
 from verifiers.sandbox import Isolation, SandboxPolicy
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A config section: frozen once validated, and unknown keys refused (with the nearest name)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -32,7 +34,7 @@ class EngineKind(StrEnum):
     VLLM = "vllm"  # rlsched/engine/vllm.py: vLLM's AsyncLLM in each rollout instance
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     checkpoint: Path | None = Field(
         None,
         description="a Hugging Face causal LM directory; unset = the shipped base model",
@@ -49,7 +51,7 @@ class EngineDType(StrEnum):
     FLOAT32 = "float32"
 
 
-class EngineConfig(_Section):
+class EngineConfig(Section):
     kind: EngineKind = EngineKind.TORCH
     max_batch: int = Field(256, ge=1, le=4096, description="requests decoded at once by one engine")
     dtype: EngineDType = Field(EngineDType.AUTO, description="the torch engine's compute dtype")
@@ -58,7 +60,7 @@ class EngineConfig(_Section):
     )
 
 
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
@@ -89,7 +91,7 @@ class ArithmeticLevel(StrEnum):
     HARD = "hard"  # medium's problems and two-step ones
 
 
-class TaskColumns(_Section):
+class TaskColumns(Section):
     """Which column of a dataset plays which part. Unset optional columns are used when the data has
     a column of their own name (`id`, `verifier`); a column named here must exist."""
 
@@ -138,7 +140,7 @@ def _keys_for_other_kinds(name: TaskKind, given: dict[str, Any]) -> str | None:
     return f"{shown}; remove it or change task.name (now '{name}')"
 
 
-class TaskConfig(_Section):
+class TaskConfig(Section):
     name: TaskKind = TaskKind.ADDITION
     path: Path | None = Field(None, description="a jsonl task's file; a dataset task's file or directory")
     format: TaskFormat = Field(TaskFormat.AUTO, description="dataset only: how to read task.path")
@@ -173,7 +175,7 @@ class TaskConfig(_Section):
         return self
 
 
-class GRPOConfig(_Section):
+class GRPOConfig(Section):
     steps: int = Field(200, ge=1, description="update steps at most")
     time_budget_s: float = Field(180.0, gt=0, description="stop updating after this many seconds")
     prompts_per_step: int = Field(32, ge=1)
@@ -187,7 +189,7 @@ class GRPOConfig(_Section):
     verify_retries: int = Field(2, ge=0, description="retries of a verifier execution fault")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every_steps: int = Field(25, ge=1, description="held-out eval every N steps (the learning curve)")
     curve_size: int = Field(256, ge=16, description="eval problems per curve point (before/after use all)")
 
@@ -199,7 +201,7 @@ class PlacementStrategy(StrEnum):
     STRICT_SPREAD = "STRICT_SPREAD"
 
 
-class ClusterConfig(_Section):
+class ClusterConfig(Section):
     """The embedded local Ray cluster started when no `--address` is given (logical resources)."""
 
     num_cpus: int = Field(8, ge=1, description="logical CPUs; they need not exist physically")
@@ -212,7 +214,7 @@ class Precision(StrEnum):
     BF16 = "bf16"  # BF16 autocast over fp32 master weights (AMX on CPUs that have it, GPUs)
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     ranks: int = Field(2, ge=1, description="training ranks, reserved together in one placement group")
     precision: Precision = Field(Precision.FP32, description="fp32, or bf16 autocast with fp32 masters")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
@@ -234,7 +236,7 @@ class Leave(StrEnum):
     DRAINING = "draining"  # takes nothing new, finishes what it runs, then leaves
 
 
-class TransientInstance(_Section):
+class TransientInstance(Section):
     """A rollout instance available for a window, like spot capacity. Times count from the start of
     generation in iteration `join_iteration`; it is reclaimed `available_s` after it was granted
     (preparation included), or `reclaim_at_s` into iteration `reclaim_iteration`'s generation."""
@@ -261,7 +263,7 @@ class TransientInstance(_Section):
         return self
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     instances: int = Field(2, ge=1)
     cpus_per_instance: float = Field(1.0, gt=0)
     max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")
@@ -280,7 +282,7 @@ class RolloutConfig(_Section):
     decode_tokens_per_s: float = Field(200.0, gt=0, description="for the resume-or-restart choice")
 
 
-class WeightsConfig(_Section):
+class WeightsConfig(Section):
     """How each version travels from the trainer's rank 0 to the rollout instances (rlsched/transfer)."""
 
     plane: Plane = Plane.TCP
@@ -290,7 +292,7 @@ class WeightsConfig(_Section):
     keep_versions: int = Field(2, ge=1, description="versions the service holds for late pullers")
 
 
-class StoreConfig(_Section):
+class StoreConfig(Section):
     """Durable partial outputs (rlsched/store): SQLite in WAL mode."""
 
     path: Path | None = Field(None, description="the SQLite file; unset: partial.sqlite in the run's out_dir")
@@ -298,7 +300,7 @@ class StoreConfig(_Section):
     enabled: bool = True
 
 
-class TimeoutConfig(_Section):
+class TimeoutConfig(Section):
     """Per-key adaptive verification timeouts (RollPacker's rule, `rlsched.policy.timeouts`): a run
     is stopped at min(max(floor_s, factor x the longest recent correct run of its problem), cap_s),
     at cap_s before any correct run, and never later than hard_cap_s. Stopping kills the worker."""
@@ -320,7 +322,7 @@ class TimeoutConfig(_Section):
         return self
 
 
-class SandboxConfig(_Section):
+class SandboxConfig(Section):
     """Where untrusted code runs (`verifiers/sandbox.py`): a minimal root, namespaces, a cgroup and a
     uid of its own per run."""
 
@@ -347,7 +349,7 @@ class SandboxConfig(_Section):
         return self
 
 
-class VerifierConfig(_Section):
+class VerifierConfig(Section):
     kind: str = Field("exact_answer", description="a shipped kind, or 'module:callable' of your own")
     workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0)
@@ -387,17 +389,17 @@ class VerifierConfig(_Section):
         return kind
 
 
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     overlap: bool = Field(True, description="verify while generating; false = the sequential baseline")
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     seed: int = 0
     threads: int = Field(2, ge=1)
     out_dir: Path = Path("runs/latest")
 
 
-class JobConfig(_Section):
+class JobConfig(Section):
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -557,7 +559,9 @@ def format_validation_error(source: str, err: ValidationError, root: type[BaseMo
     return "\n".join(lines)
 
 
-def _load(root: type[_M], path: Path | str | None, overrides: list[str] | None) -> _M:
+def load_tree(root: type[_M], path: Path | str | None, overrides: list[str] | None) -> _M:
+    """Any config tree (a job, a scenario, the admin's file): defaults, then the YAML file, then each
+    `--set`, validated once; a bad value is a `UserError` naming the key and the fix."""
     tree = _read_yaml(Path(path)) if path is not None else {}
     for assignment in overrides or []:
         apply_override(tree, assignment)
@@ -570,4 +574,4 @@ def _load(root: type[_M], path: Path | str | None, overrides: list[str] | None) 
 
 def load_config(path: Path | str | None, overrides: list[str] | None = None) -> JobConfig:
     """Defaults, then the YAML file (if any), then each `--set`; validated once and frozen."""
-    return _load(JobConfig, path, overrides)
+    return load_tree(JobConfig, path, overrides)

@@ -463,6 +463,13 @@ class VerifyPoolCore:
 
     def _submit(self, event: Submitted) -> None:
         free, queue, books = len(self.free), self.queue, self.books.free_at_arrival
+        if len(event.tasks) == 1 and free and not len(queue) and event.tasks[0].slots == 1:
+            # one task, nothing queued, a worker free: what the policy would pick at once (the queue
+            # would hold it alone, and a free worker means nothing is preempted)
+            task = event.tasks[0]
+            books[task.task_id] = True
+            self._run(task, next(iter(self.free)), (), event.at)
+            return
         for task in event.tasks:
             queue.push(task)
             books[task.task_id] = len(queue) <= free

@@ -25,14 +25,14 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rlsched.admin import AdminConfig, FairnessPolicy, admission_params, load_admin
-from rlsched.config import _load, _Section
+from rlsched.config import Section, load_tree
 from rlsched.errors import UserError
 from rlsched.policy.cluster_model import PendingJob
 from rlsched.policy.placement import Gang, Node
 from rlsched.sim.cluster import ClusterSim, TraceClass, TraceJob, summarise, synthetic_trace
 
 
-class StreamConfig(_Section):
+class StreamConfig(Section):
     """Jobs of one class from one queue: Poisson arrivals, gang sizes, lognormal run times."""
 
     name: str = Field(min_length=1)
@@ -56,14 +56,14 @@ class StreamConfig(_Section):
         return v
 
 
-class VariantConfig(_Section):
+class VariantConfig(Section):
     name: str = Field(min_length=1)
     fairness: FairnessPolicy | None = Field(None, description="unset: the admin file's")
     borrow_within_cohort: bool | None = None
     streams: list[str] | None = Field(None, description="streams that take part (unset: all)")
 
 
-class ClusterScenarioConfig(_Section):
+class ClusterScenarioConfig(Section):
     kind: Literal["cluster"]
     admin: Path = Field(description="the admin file (nodes, classes, queues); relative to this file")
     hours: float = Field(24.0, gt=0, description="hours of synthetic arrivals")
@@ -96,7 +96,7 @@ class ClusterScenarioConfig(_Section):
 
 
 def load_cluster_scenario(path: Path | str, overrides: list[str] | None = None) -> ClusterScenarioConfig:
-    cfg = _load(ClusterScenarioConfig, path, overrides)
+    cfg = load_tree(ClusterScenarioConfig, path, overrides)
     admin = load_admin(cfg.admin)
     if not admin.nodes:
         raise UserError(f"{cfg.admin}: a cluster scenario needs the admin file's `nodes` inventory")

@@ -9,19 +9,19 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from rlsched.config import TimeoutConfig, _load, _Section
+from rlsched.config import Section, TimeoutConfig, load_tree
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
 
 
-class SimClusterConfig(_Section):
+class SimClusterConfig(Section):
     """What the simulated cluster has; the jobs and the verifier pool must fit in it."""
 
     gpus: int = Field(8, ge=0, description="accelerators (the quickstart's 'GPUs' are CPU processes)")
     cpus: int = Field(64, ge=0)
 
 
-class SimPoolConfig(_Section):
+class SimPoolConfig(Section):
     """The verifier pool every job's samples share: CPU workers, and GPU workers for a GPU stage."""
 
     cpu_workers: int = Field(4, ge=1, description="workers for the CPU stage of each verification")
@@ -53,7 +53,7 @@ class SimPoolConfig(_Section):
     )
 
 
-class SimWeightsConfig(_Section):
+class SimWeightsConfig(Section):
     """A job's weight link (SPEC section 2): every instance pulls each version's `bytes` through the
     trainer's shared egress under its own ingress cap, then loads it for `load_s`."""
 
@@ -63,7 +63,7 @@ class SimWeightsConfig(_Section):
     load_s: float = Field(0.0, ge=0, description="load and confirm, after the transfer")
 
 
-class SimTransientConfig(_Section):
+class SimTransientConfig(Section):
     """`count` instances granted at `join_at_s` (virtual seconds) and reclaimed `available_s` later."""
 
     join_at_s: float = Field(ge=0)
@@ -72,7 +72,7 @@ class SimTransientConfig(_Section):
     receiver_gbps: float | None = Field(None, gt=0, description="their ingress; unset: the job's")
 
 
-class SimResumeConfig(_Section):
+class SimResumeConfig(Section):
     """Pricing a reclaimed sample's resume (prefill of prompt + saved tokens) against a restart."""
 
     prompt_tokens: float = Field(0.0, ge=0)
@@ -80,7 +80,7 @@ class SimResumeConfig(_Section):
     setup_s: float = Field(0.0, ge=0)
 
 
-class SimJobConfig(_Section):
+class SimJobConfig(Section):
     """One RL job: generate on instances, verify (CPU stage, then an optional GPU stage), update, publish.
 
     Generation time per sample is `generate_s`, or `tokens / tokens_per_s` when both are given. With
@@ -159,7 +159,7 @@ class SimJobConfig(_Section):
         return self.trainer_gpus + (self.instances + transient) * self.gpus_per_instance
 
 
-class ScenarioConfig(_Section):
+class ScenarioConfig(Section):
     cluster: SimClusterConfig = SimClusterConfig()
     pool: SimPoolConfig = SimPoolConfig()
     jobs: tuple[SimJobConfig, ...] = (SimJobConfig(generate_s=Uniform(low=0.1, high=0.5)),)
@@ -207,4 +207,4 @@ class ScenarioConfig(_Section):
 
 def load_scenario(path: Path | str | None, overrides: list[str] | None = None) -> ScenarioConfig:
     """A scenario file (`configs/scenarios/*.yaml`); empirical files are read relative to it."""
-    return _load(ScenarioConfig, path, overrides)
+    return load_tree(ScenarioConfig, path, overrides)

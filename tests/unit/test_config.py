@@ -160,3 +160,14 @@ def test_the_admin_file_becomes_the_admission_policys_parameters() -> None:
     assert p.reserve == {"H100": 1, "CPU": 8} and p.reserve_classes == {"online"}
     assert p.drf and p.usage_half_life_s == 3600 and p.device_types == {"H100", "A100"}
     assert p.borrow_within_cohort and p.never_below_nominal
+
+
+def test_the_quickstart_config_sets_only_what_differs_from_the_code_defaults() -> None:
+    import yaml
+
+    from rlsched.config import load_config
+
+    tree = yaml.safe_load(Path("configs/jobs/quickstart.yaml").read_text())
+    defaults = load_config(None).model_dump(mode="json")
+    restated = [f"{s}.{k}" for s, keys in tree.items() for k, v in keys.items() if defaults[s][k] == v]
+    assert restated == [], f"configs/jobs/quickstart.yaml restates code defaults: {restated}"
