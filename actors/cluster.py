@@ -24,11 +24,10 @@ as before, when no scheduler exists.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 import ray
@@ -36,35 +35,36 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from actors.scale import running_jobs
 from rlsched.config import JobConfig
-from rlsched.policy.admission import admit, decay_usage
-from rlsched.policy.cluster_model import (
-    AdmissionParams,
-    Admit,
-    ClusterSnapshot,
-    Evict,
-    Grow,
-    PendingJob,
-    RunningJob,
-    Wait,
-    usage_by_queue,
+from rlsched.core.cluster import (
+    CancelRequested,
+    ClusterCore,
+    ClusterTrace,
+    CreatePlacementGroup,
+    DriversAlive,
+    Effect,
+    Event,
+    GroupId,
+    JobFinished,
+    JobId,
+    JobSpec,
+    JobSubmitted,
+    PartId,
+    PartReleased,
+    PlacementFailed,
+    Refused,
+    RemovePlacementGroup,
+    Tick,
 )
-from rlsched.policy.placement import Gang, Node, Resources, Strategy, minus
+from rlsched.policy.cluster_model import AdmissionParams
+from rlsched.policy.lifecycle import JobState
+from rlsched.policy.placement import Gang, Node, Resources, Strategy
+
+__all__ = ["JobSpec", "JobState", "Scheduler", "job_spec"]
 
 NAMESPACE = "rlsched"
 SCHEDULER_NAME = "rlsched-scheduler"
 NODE_NAME_LABEL = "rlsched/name"  # a node's name in reasons (else the first 8 hex digits of its id)
 _SKIP = ("node:", "object_store_memory", "memory", "accelerator_type:")
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What a job asks of the cluster: its gangs (all or nothing) and its elastic parts."""
-
-    name: str
-    queue: str
-    priority: str
-    gangs: tuple[Gang, ...]
-    elastic: tuple[Resources, ...] = ()
 
 
 def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:
@@ -86,51 +86,6 @@ def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:
     return JobSpec(name, queue, priority, gangs, tuple(dict(instance) for _ in range(r.elastic)))
 
 
-class JobState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    PREEMPTED = "preempted"  # evicted as a whole; its driver stopped
-    CANCELLED = "cancelled"
-
-
-_NEXT: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
-    JobState.RUNNING: frozenset({JobState.DONE, JobState.PREEMPTED, JobState.CANCELLED}),
-    JobState.DONE: frozenset(),
-    JobState.PREEMPTED: frozenset(),
-    JobState.CANCELLED: frozenset(),
-}
-
-
-@dataclass
-class _Part:
-    node: str
-    pg: PlacementGroup
-    resources: Resources
-    release_by: float | None = None  # asked to give it back by then
-
-
-@dataclass
-class _Job:
-    spec: JobSpec
-    submitted: float
-    state: JobState = JobState.PENDING
-    reason: str = "waiting for the next admission cycle"
-    started: float | None = None
-    gangs: list[tuple[PlacementGroup, list[tuple[str, Resources]]]] = field(default_factory=list)
-    parts: dict[str, _Part] = field(default_factory=dict)  # elastic parts held, by part id
-    next_part: int = 0
-    stop_by: float | None = None  # asked to stop as a whole by then
-    why_evicted: str = ""
-    cancel: bool = False
-
-    def to(self, target: JobState) -> None:
-        if target not in _NEXT[self.state]:
-            raise ValueError(f"job {self.spec.name}: {self.state} -> {target} is not a transition")
-        self.state = target
-
-
 def inventory() -> tuple[tuple[Node, ...], dict[str, str]]:
     """Alive Ray nodes as the policy sees them: resources (Ray's bookkeeping keys left out), labels,
     and a name (the `rlsched/name` label, else the id's first 8 hex digits); and name -> node id."""
@@ -147,204 +102,100 @@ def inventory() -> tuple[tuple[Node, ...], dict[str, str]]:
 
 
 class Scheduler:
-    """The scheduler's state and one admission cycle; the Ray actor below runs it in a loop."""
+    """The scheduler's Ray side: a driver of `rlsched.core.cluster.ClusterCore`. Each call of a job's
+    driver or the CLI becomes an event (on the wall clock, shared by every driver on the cluster);
+    each cycle reads the node inventory; effects become placement groups made or removed."""
 
     def __init__(
         self, params: AdmissionParams, cycle_s: float = 0.5, defaults: dict[str, str] | None = None
     ) -> None:
-        self.params, self.cycle_s = params, cycle_s
-        self.defaults = defaults or {}  # queue -> its default priority class
-        self.jobs: dict[str, _Job] = {}
+        self.cycle_s = cycle_s
+        self.core = ClusterCore(params, defaults, at=time.time())
         self.lock = threading.RLock()
-        self.nodes: tuple[Node, ...] = ()
+        self.groups: dict[GroupId, PlacementGroup] = {}
         self.node_ids: dict[str, str] = {}
-        self.history: dict[str, dict[str, float]] = {}
-        self._last_cycle = time.time()
-        self.cycles = 0
+        self.trace: ClusterTrace | None = None
+
+    @property
+    def jobs(self) -> dict[JobId, Any]:
+        return self.core.jobs
+
+    def record(self) -> ClusterTrace:
+        """From now on, keep every event fed to the core and the effects it returned."""
+        with self.lock:
+            self.trace = ClusterTrace.begin(self.core)
+            return self.trace
+
+    def _feed(self, event: Event) -> list[Effect]:
+        effects = self.core.handle(event)
+        if self.trace is not None:
+            self.trace.steps.append((event, effects))
+        self._apply(effects)
+        return effects
 
     # -- what drivers and the CLI call ----------------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
         with self.lock:
-            if spec.queue not in self.params.queues:
-                return (
-                    f"queue {spec.queue!r} is not defined (queues: {', '.join(sorted(self.params.queues))})"
-                )
-            if not spec.priority:
-                if spec.queue not in self.defaults:
-                    return f"queue {spec.queue!r} has no default priority class; give one with --priority"
-                spec = replace(spec, priority=self.defaults[spec.queue])
-            if spec.priority not in self.params.classes:
-                return (
-                    f"priority class {spec.priority!r} is not defined "
-                    f"(classes: {', '.join(sorted(self.params.classes))})"
-                )
-            old = self.jobs.get(spec.name)
-            if old is not None and old.state in (JobState.PENDING, JobState.RUNNING):
-                return f"a job named {spec.name!r} is already {old.state}; give this one another name (--out)"
-            self.jobs[spec.name] = _Job(spec, time.time())
-            return ""
+            return _refusal(self._feed(JobSubmitted(time.time(), spec)))
 
     def poll(self, name: str) -> dict[str, Any]:
-        """What the job's driver must know: its state and reason, its placement groups, elastic parts
-        to start or give back, whether to stop."""
+        """What the job's driver must know (`ClusterCore.poll`), with its placement groups."""
         with self.lock:
-            job = self.jobs.get(name)
-            if job is None:
-                return {"state": "unknown"}
-            now = time.time()
-            return {
-                "state": str(job.state),
-                "reason": job.reason,
-                "gangs": [pg for pg, _ in job.gangs],
-                "parts": {p: part.pg for p, part in job.parts.items() if part.release_by is None},
-                "release": {
-                    p: max(0.0, part.release_by - now) for p, part in job.parts.items() if part.release_by
-                },
-                "stop_in": None if job.stop_by is None else max(0.0, job.stop_by - now),
-                "why": job.why_evicted,
-                "cancel": job.cancel,
-            }
+            view = self.core.poll(name, time.time())
+            if "gangs" in view:
+                view["gangs"] = [self.groups[g] for g in view["gangs"]]
+                view["parts"] = {p: self.groups[g] for p, g in view["parts"].items()}
+            return view
 
     def released(self, name: str, part: str) -> None:
         with self.lock:
-            job = self.jobs.get(name)
-            if job is not None and part in job.parts:
-                self._drop_part(job, part)
+            self._feed(PartReleased(time.time(), JobId(name), PartId(part)))
 
     def finished(self, name: str, preempted: bool = False) -> None:
         with self.lock:
-            job = self.jobs.get(name)
-            if job is None or job.state not in (JobState.PENDING, JobState.RUNNING):
-                return
-            self._release_all(job)
-            if job.state is JobState.PENDING or job.cancel:
-                job.to(JobState.CANCELLED)
-            else:
-                job.to(JobState.PREEMPTED if preempted else JobState.DONE)
+            self._feed(JobFinished(time.time(), JobId(name), preempted))
 
     def cancel(self, name: str) -> str:
         with self.lock:
-            job = self.jobs.get(name)
-            if job is None or job.state not in (JobState.PENDING, JobState.RUNNING):
-                live = [n for n, j in self.jobs.items() if j.state in (JobState.PENDING, JobState.RUNNING)]
-                return f"no pending or running job named {name!r} (live: {', '.join(live) or 'none'})"
-            job.cancel = True
-            if job.state is JobState.PENDING:
-                job.to(JobState.CANCELLED)
-                job.reason = "cancelled"
-            return ""
+            return _refusal(self._feed(CancelRequested(time.time(), JobId(name))))
 
     def queue(self) -> list[dict[str, Any]]:
         with self.lock:
-            now = time.time()
-            return [
-                {
-                    "job": n,
-                    "queue": j.spec.queue,
-                    "priority": j.spec.priority,
-                    "waiting_s": round(now - j.submitted, 1),
-                    "reason": j.reason,
-                }
-                for n, j in sorted(self.jobs.items(), key=lambda kv: kv[1].submitted)
-                if j.state is JobState.PENDING
-            ]
+            return self.core.waiting(time.time())
 
     def status(self) -> dict[str, Any]:
         with self.lock:
-            running = [j for j in self.jobs.values() if j.state is JobState.RUNNING]
-            free = self._free()
-            return {
-                "cycles": self.cycles,
-                "nodes": [
-                    {"name": n.name, "capacity": n.capacity, "free": free.get(n.name, {})} for n in self.nodes
-                ],
-                "jobs": {
-                    n: {
-                        "state": str(j.state),
-                        "queue": j.spec.queue,
-                        "priority": j.spec.priority,
-                        "nodes": sorted({node for _, bundles in j.gangs for node, _ in bundles}),
-                        "elastic": {p: part.node for p, part in j.parts.items()},
-                        "reason": j.reason if j.state is not JobState.RUNNING else "",
-                    }
-                    for n, j in self.jobs.items()
-                },
-                "usage": usage_by_queue([self._running(j) for j in running]),
-            }
+            return self.core.status()
 
-    # -- the admission cycle ----------------------------------------------------------------------------
     def cycle(self) -> None:
         with self.lock:
-            now = time.time()
-            self._expire(now)
-            self._refresh_nodes()
-            running = [j for j in self.jobs.values() if j.state is JobState.RUNNING]
-            snapshot_running = tuple(self._running(j) for j in running)
-            if self.params.usage_half_life_s:
-                dt = now - self._last_cycle
-                self.history = decay_usage(
-                    self.history, usage_by_queue(snapshot_running), dt, self.params.usage_half_life_s
-                )
-            self._last_cycle = now
-            pending = tuple(
-                PendingJob(n, j.spec.queue, j.spec.priority, j.submitted, j.spec.gangs, j.spec.elastic)
-                for n, j in self.jobs.items()
-                if j.state is JobState.PENDING
-            )
-            evicting = {
-                j.spec.name: j.stop_by is None
-                for j in running
-                if j.stop_by is not None or any(p.release_by for p in j.parts.values())
-            }
-            history = self.history if self.params.usage_half_life_s else None
-            snapshot = ClusterSnapshot(self.nodes, snapshot_running, pending, evicting, history)
-            for d in admit(snapshot, now, self.params):
-                if isinstance(d, Admit):
-                    self._start(self.jobs[d.job], d, now)
-                elif isinstance(d, Evict):
-                    self._evict(self.jobs[d.job], d, now)
-                elif isinstance(d, Grow):
-                    self._grow(self.jobs[d.job], d.elastic_nodes)
-                elif isinstance(d, Wait):
-                    self.jobs[d.job].reason = d.reason
-            self.cycles += 1
-
-    def release_everything(self) -> None:
-        """Remove every job's placement groups (the scheduler is stopping)."""
-        with self.lock:
-            for job in self.jobs.values():
-                self._release_all(job)
-
-    def _refresh_nodes(self) -> None:
-        self.nodes, self.node_ids = inventory()
+            nodes, self.node_ids = inventory()
+            self._feed(Tick(time.time(), nodes))
 
     def reap(self, alive: set[str], now: float, after_s: float = 60.0) -> None:
         """Running jobs whose driver is gone (its inbox actor no longer exists) give everything back."""
         with self.lock:
-            for name, job in self.jobs.items():
-                started = job.started or now
-                if job.state is JobState.RUNNING and name not in alive and now - started > after_s:
-                    self._release_all(job)
-                    job.to(JobState.PREEMPTED)
-                    job.reason = "its driver is gone; its placement groups were removed"
+            self._feed(DriversAlive(now, frozenset(alive), after_s))
 
-    def _running(self, job: _Job) -> RunningJob:
-        allocations = tuple(b for _, bundles in job.gangs for b in bundles)
-        elastic = tuple((p.node, p.resources) for p in job.parts.values())
-        missing = job.spec.elastic[len(job.parts) :]
-        assert job.started is not None
-        return RunningJob(
-            job.spec.name, job.spec.queue, job.spec.priority, job.started, allocations, elastic, None, missing
-        )
+    def release_everything(self) -> None:
+        """Remove every placement group the scheduler made (it is stopping)."""
+        with self.lock:
+            for group in list(self.groups):
+                _remove(self.groups.pop(group))
 
-    def _free(self) -> dict[str, Resources]:
-        free: dict[str, Resources] = {n.name: dict(n.capacity) for n in self.nodes}
-        for j in self.jobs.values():
-            if j.state is JobState.RUNNING:
-                for node, res in (*self._running(j).allocations, *self._running(j).elastic):
-                    if node in free:
-                        free[node] = minus(free[node], res)
-        return free
+    # -- effects -------------------------------------------------------------------------------------
+    def _apply(self, effects: list[Effect]) -> None:
+        failed: set[JobId] = set()  # jobs whose placement failed in this batch: make nothing more
+        for e in effects:
+            if isinstance(e, CreatePlacementGroup) and e.job not in failed:
+                try:
+                    self.groups[e.group] = self._group(e.group, list(e.bundles), list(e.nodes), e.strategy)
+                except RuntimeError as err:  # the inventory changed under the cycle
+                    if e.part is None:
+                        failed.add(e.job)
+                    self._feed(PlacementFailed(time.time(), e.job, str(err), e.part))
+            elif isinstance(e, RemovePlacementGroup) and (pg := self.groups.pop(e.group, None)) is not None:
+                _remove(pg)
 
     def _group(self, name: str, bundles: list[Resources], nodes: list[str], strategy: str) -> PlacementGroup:
         selectors = [{"ray.io/node-id": self.node_ids[n]} for n in nodes]
@@ -361,60 +212,9 @@ class Scheduler:
             raise RuntimeError(f"placement group {name} was not ready within 60 s on {nodes}")
         return pg
 
-    def _start(self, job: _Job, d: Admit, now: float) -> None:
-        try:
-            for i, (gang, placed) in enumerate(zip(job.spec.gangs, d.placements, strict=True)):
-                bundles = list(gang.bundles)
-                pg = self._group(
-                    f"rlsched-{job.spec.name}-g{i}", bundles, list(placed.nodes), gang.strategy.value
-                )
-                job.gangs.append((pg, list(zip(placed.nodes, bundles, strict=True))))
-        except RuntimeError as err:  # the inventory changed under us: try again next cycle
-            self._release_all(job)
-            job.reason = str(err)
-            return
-        job.to(JobState.RUNNING)
-        job.started, job.reason = now, ""
-        self._grow(job, d.elastic_nodes)
 
-    def _grow(self, job: _Job, nodes: tuple[str, ...]) -> None:
-        wanted = job.spec.elastic[len(job.parts) :]
-        for node, res in zip(nodes, wanted, strict=False):
-            part = f"elastic-{job.next_part}"
-            job.next_part += 1
-            try:
-                pg = self._group(f"rlsched-{job.spec.name}-{part}", [res], [node], "PACK")
-            except RuntimeError:
-                return
-            job.parts[part] = _Part(node, pg, res)
-
-    def _evict(self, job: _Job, d: Evict, now: float) -> None:
-        job.why_evicted = f"for {d.for_job}: {d.reason}"
-        if d.elastic_only:
-            for part in job.parts.values():
-                part.release_by = part.release_by or now + d.grace_s
-        else:
-            job.stop_by = job.stop_by or now + d.grace_s
-
-    def _expire(self, now: float) -> None:
-        """Grace periods that ended: the placement groups go whether or not the owner answered."""
-        for job in self.jobs.values():
-            for p, part in list(job.parts.items()):
-                if part.release_by is not None and now >= part.release_by:
-                    self._drop_part(job, p)
-            if job.state is JobState.RUNNING and job.stop_by is not None and now >= job.stop_by:
-                self._release_all(job)
-                job.to(JobState.PREEMPTED)
-
-    def _drop_part(self, job: _Job, part: str) -> None:
-        _remove(job.parts.pop(part).pg)
-
-    def _release_all(self, job: _Job) -> None:
-        for pg, _ in job.gangs:
-            _remove(pg)
-        for p in list(job.parts):
-            self._drop_part(job, p)
-        job.gangs = []
+def _refusal(effects: list[Effect]) -> str:
+    return next((e.reason for e in effects if isinstance(e, Refused)), "")
 
 
 def _remove(pg: PlacementGroup) -> None:
@@ -470,6 +270,14 @@ class SchedulerActor:
     def stop(self) -> None:
         self._stop.set()
         self.s.release_everything()
+
+    def record(self) -> None:
+        """Keep every event and its effects from now on (the trace-equivalence test's record)."""
+        self.s.record()
+
+    def trace(self) -> ClusterTrace | None:
+        with self.s.lock:
+            return copy.deepcopy(self.s.trace)
 
 
 def _drivers_alive() -> set[str]:

@@ -13,6 +13,8 @@ straight to GONE. Only IDLE slots are offered to the dispatch policy.
 A verification task: QUEUED -> RUNNING -> SETTLED (its outcome is kept) or HANDED_ON (a two-stage
 verifier's CPU stage prepared it for the GPU stage); a run whose worker must be killed is STOPPING
 until the exit is observed; a retried fault or a preempted run goes back to QUEUED with attempt + 1.
+
+A job on the cluster: PENDING -> RUNNING -> DONE, PREEMPTED or CANCELLED (see `JOB_TRANSITIONS`).
 """
 
 from __future__ import annotations
@@ -145,11 +147,41 @@ VERIFY_TRANSITIONS: dict[VerifyState, frozenset[VerifyState]] = {
 }
 
 
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    PREEMPTED = "preempted"  # evicted as a whole, or its driver gone: it ends (requeueing is durability's)
+    CANCELLED = "cancelled"
+
+
+_J = JobState
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _J.PENDING: frozenset(
+        {
+            _J.RUNNING,  # admitted: its gangs placed all at once
+            _J.CANCELLED,  # `rlsched cancel`, or its driver gave up waiting
+        }
+    ),
+    _J.RUNNING: frozenset(
+        {
+            _J.DONE,  # its driver finished
+            _J.PREEMPTED,  # its grace period after an eviction ended, or its driver is gone
+            _J.CANCELLED,  # cancelled while running: its driver stopped when told
+            _J.PENDING,  # a placement group could not be made after all: admitted again later
+        }
+    ),
+    _J.DONE: frozenset(),
+    _J.PREEMPTED: frozenset(),
+    _J.CANCELLED: frozenset(),
+}
+
+
 class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar("S", InstanceState, SlotState, VerifyState)
+S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
@@ -171,3 +203,7 @@ def slot_transition(current: SlotState, target: SlotState) -> SlotState:
 
 def verify_transition(current: VerifyState, target: VerifyState) -> VerifyState:
     return _checked(VERIFY_TRANSITIONS, "verification", current, target)
+
+
+def job_transition(current: JobState, target: JobState) -> JobState:
+    return _checked(JOB_TRANSITIONS, "job", current, target)

@@ -1,15 +1,16 @@
-"""Many jobs on one cluster in virtual time: a job trace through the admission policy the cluster
-layer runs (`rlsched.policy.admission.admit`), with preemption, grace periods and lost work.
+"""Many jobs on one cluster in virtual time: a job trace through the cluster scheduler's core
+(`rlsched.core.cluster.ClusterCore`, the one the Ray scheduler actor drives), with preemption and
+grace periods.
 
-Every arrival, finish and completed eviction triggers one admission cycle, and so does the moment
-a waiting job's answer may change without one (a running job's minimum run time ends, a waiting
-job reaches its maximum wait). An admitted job runs for
-its remaining work; an evicted one keeps running through its grace period, then stops: what it did
-since its last save (every `save_every_s`) is lost and it goes back to the queue with the rest of its
-work; an evicted elastic part just leaves (the job carries on without it) and comes back when there is room
-again (`Grow`). Reported: the share of
-devices allocated over time, each class's queueing delay and completion time, the maximum wait,
-preemptions, and Jain's fairness index over the queues' dominant shares (time-weighted).
+An admitted job runs for its remaining work. An evicted one keeps running through its grace period,
+then ends PREEMPTED, as on the runtime: what it did since its last save (every `save_every_s`) is
+counted as saved, and the rest stays undone (requeueing an evicted job belongs to the durability
+work). An evicted elastic part just leaves (the job carries on without it) and comes back when there
+is room again (`Grow`). A cycle follows every event, and every wake-up the core asks for (a grace
+period ends, a running job's minimum run time ends, a waiting job reaches its maximum wait).
+Reported: the share of devices allocated over time, each class's queueing delay and completion
+time, the maximum wait, preemptions, unfinished jobs, and Jain's fairness index over the queues'
+dominant shares (time-weighted).
 
 `synthetic_trace` draws a trace: Poisson arrivals per class, gang sizes, lognormal run times.
 Virtual time throughout; the same seed gives the same run.
@@ -19,25 +20,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
-from rlsched.policy.admission import admit, decay_usage
-from rlsched.policy.cluster_model import (
-    AdmissionParams,
-    Admit,
-    ClusterSnapshot,
-    Evict,
-    Grow,
-    PendingJob,
-    RunningJob,
-    dominant_share,
-    usage_by_queue,
+from rlsched.core.cluster import (
+    ClusterCore,
+    Event,
+    JobEnded,
+    JobFinished,
+    JobId,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    Tick,
 )
+from rlsched.policy.cluster_model import AdmissionParams, PendingJob, RunningJob, dominant_share
+from rlsched.policy.lifecycle import JobState
 from rlsched.policy.placement import Gang, Node, add
-from rlsched.sim.engine import Simulator
+from rlsched.sim.engine import EventHandle, Simulator
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,7 @@ class _Live:
     trace: TraceJob
     left_s: float  # work still to do
     started: float = 0.0
-    running: RunningJob | None = None
-    evicting: bool = False
-    evicting_elastic: bool = False
+    running: bool = False
     submitted: float = 0.0
     first_start: float | None = None
     preempted: int = 0
@@ -74,6 +74,10 @@ class ClusterRun:
 
 
 class ClusterSim:
+    """A driver of `rlsched.core.cluster.ClusterCore` in virtual time: arrivals from the trace, a job
+    runs for its remaining work once started, and a cycle follows every event (the runtime cycles
+    every `cycle_s`; here cycles are instantaneous) and every wake-up the core asks for."""
+
     def __init__(
         self,
         nodes: Sequence[Node],
@@ -89,25 +93,26 @@ class ClusterSim:
         self.horizon_s = max((t.job.submitted for t in trace), default=0.0)
         self.nodes, self.params, self.devices = tuple(nodes), params, tuple(devices)
         self.capacity = add(*(n.capacity for n in self.nodes))
+        self.core = ClusterCore(params)
         self.jobs = {t.job.name: _Live(t, t.work_s, submitted=t.job.submitted) for t in trace}
-        self.pending: dict[str, PendingJob] = {}
         self.run = ClusterRun()
         self._last = 0.0
         self._alloc_s = 0.0
         self._jain_s = 0.0
-        self._woken: float | None = None  # when the next wake-up cycle is due
-        self._history: dict[str, dict[str, float]] = {}  # decayed usage per queue (usage_half_life_s)
+        self._woken: EventHandle | None = None  # the next wake-up cycle
+        self._inventory: tuple[Node, ...] | None = self.nodes  # given with the first cycle
         for t in trace:
             self.sim.at(t.job.submitted, partial(self._arrive, t.job.name))
 
     # -- accounting -------------------------------------------------------------------------------
     def _running(self) -> list[RunningJob]:
-        return [j.running for j in self.jobs.values() if j.running is not None]
+        return self.core.running()
 
     def _advance(self) -> None:
         dt = self.sim.now - self._last
         if dt > 0:
-            used = add(*(r.usage() for r in self._running()))
+            running = self._running()
+            used = add(*(r.usage() for r in running))
             total = sum(self.capacity.get(d, 0.0) for d in self.devices)
             share = sum(used.get(d, 0.0) for d in self.devices) / total if total else 0.0
             self._alloc_s += (
@@ -116,12 +121,9 @@ class ClusterSim:
             self._spread(self._last, self.sim.now, share)
             shares = []
             for q, qp in self.params.queues.items():
-                usage = add(*(r.usage() for r in self._running() if r.queue == q))
+                usage = add(*(r.usage() for r in running if r.queue == q))
                 shares.append(dominant_share(usage, self.capacity, qp.weight))
             self._jain_s += dt * jain(shares)
-            if self.params.usage_half_life_s:
-                now_usage = usage_by_queue(self._running())
-                self._history = decay_usage(self._history, now_usage, dt, self.params.usage_half_life_s)
         self._last = self.sim.now
 
     def _spread(self, start: float, end: float, share: float) -> None:
@@ -136,125 +138,67 @@ class ClusterSim:
             t = stop
 
     # -- events ---------------------------------------------------------------------------------------
-    def _arrive(self, name: str) -> None:
-        self._advance()
-        self.pending[name] = self.jobs[name].trace.job
-        self._cycle()
+    def _feed(self, event: Event) -> None:
+        self._advance()  # the time up to now, at the allocation it had
+        for effect in self.core.handle(event):
+            if isinstance(effect, JobStarted):
+                self._started(effect.job)
+            elif isinstance(effect, JobEnded):
+                self._ended(effect.job, effect.state)
 
     def _cycle(self) -> None:
-        evicting = {
-            n: j.evicting_elastic for n, j in self.jobs.items() if j.evicting and j.running is not None
-        }
-        history = self._history if self.params.usage_half_life_s else None
-        snapshot = ClusterSnapshot(
-            self.nodes, tuple(self._running()), tuple(self.pending.values()), evicting, history
-        )
-        for d in admit(snapshot, self.sim.now, self.params):
-            if isinstance(d, Admit):
-                self._start(d)
-            elif isinstance(d, Evict):
-                self._evict(d)
-            elif isinstance(d, Grow):
-                self._grow(d)
-        self._wake()
-
-    def _wake(self) -> None:
-        """While jobs wait, cycle again when the answer may change without an event: a running job's
-        minimum run time ends (it becomes a possible victim) or a waiting job reaches its maximum
-        wait (it goes first)."""
-        if not self.pending:
-            return
-        now = self.sim.now
-        times = [r.started + self.params.classes[r.priority].min_run_s for r in self._running()] + [
-            j.submitted + bound
-            for j in self.pending.values()
-            if (bound := self.params.classes[j.priority].max_wait_s) is not None
-        ]
-        later = [t for t in times if t > now + 1e-9]
-        if later and (self._woken is None or self._woken <= now or min(later) < self._woken):
-            self._woken = min(later)
-            self.sim.at(self._woken, self._wake_cycle)
+        self._feed(Tick(self.sim.now, self._inventory))
+        self._inventory = None
+        due = self.core.next_wakeup()
+        if due is not None and (self._woken is None or due < self._woken.time):
+            if self._woken is not None:
+                self._woken.cancel()
+            self._woken = self.sim.at(due, self._wake_cycle)
 
     def _wake_cycle(self) -> None:
-        if self._woken is not None and abs(self._woken - self.sim.now) < 1e-9:
-            self._woken = None
-            self._advance()
-            self._cycle()
+        self._woken = None
+        self._cycle()
 
-    def _start(self, d: Admit) -> None:
-        live = self.jobs[d.job]
-        job = self.pending.pop(d.job)
-        for n, other in self.pending.items():  # those evicted for it may start again
-            if other.yield_to == d.job:
-                self.pending[n] = replace(other, yield_to=None)
-        allocs = tuple(
-            (node, b)
-            for g, pl in zip(job.gangs, d.placements, strict=True)
-            for b, node in zip(g.bundles, pl.nodes, strict=True)
-        )
-        elastic = tuple(zip(d.elastic_nodes, job.elastic, strict=False))
-        missing = job.elastic[len(elastic) :]
-        live.running = RunningJob(
-            job.name, job.queue, job.priority, self.sim.now, allocs, elastic, self.sim.now, missing
-        )
-        live.started = self.sim.now
+    def _arrive(self, name: str) -> None:
+        job = self.jobs[name].trace.job
+        self._feed(JobSubmitted(self.sim.now, JobSpec(name, job.queue, job.priority, job.gangs, job.elastic)))
+        self._cycle()
+
+    def _started(self, name: str) -> None:
+        live = self.jobs[name]
+        live.running, live.started = True, self.sim.now
         if live.first_start is None:
             live.first_start = self.sim.now
-            self.run.waits.setdefault(job.priority, []).append(self.sim.now - live.submitted)
-        self.sim.after(live.left_s, partial(self._finish, job.name, self.sim.now))
-
-    def _grow(self, d: Grow) -> None:
-        live = self.jobs[d.job]
-        assert live.running is not None
-        got = tuple(zip(d.elastic_nodes, live.running.missing, strict=False))
-        live.running = replace(
-            live.running,
-            elastic=(*live.running.elastic, *got),
-            missing=live.running.missing[len(got) :],
-        )
-        self.run.grown += len(got)
+            self.run.waits.setdefault(live.trace.job.priority, []).append(self.sim.now - live.submitted)
+        self.sim.after(live.left_s, partial(self._finish, name, self.sim.now))
 
     def _finish(self, name: str, started: float) -> None:
         live = self.jobs[name]
-        if live.running is None or live.started != started:
-            return  # evicted meanwhile
-        self._advance()
-        live.running = None
+        if not live.running or live.started != started:
+            return  # it ended before (evicted)
         live.left_s = 0.0
-        self.run.completions.setdefault(live.trace.job.priority, []).append(self.sim.now - live.submitted)
+        self._feed(JobFinished(self.sim.now, JobId(name)))
         self._cycle()
 
-    def _evict(self, d: Evict) -> None:
-        live = self.jobs[d.job]
-        if live.running is None or live.evicting:
-            return
-        live.evicting, live.evicting_elastic = True, d.elastic_only
-        self.run.preemptions += 1
-        self.sim.after(d.grace_s, partial(self._evicted, d.job, d.elastic_only, live.started, d.for_job))
-
-    def _evicted(self, name: str, elastic_only: bool, started: float, for_job: str) -> None:
+    def _ended(self, name: str, state: JobState) -> None:
+        """Done, or preempted: what it did since its last save (every `save_every_s`) is lost, and
+        the rest stays undone (the runtime ends an evicted job; requeueing is durability's)."""
         live = self.jobs[name]
-        live.evicting = False
-        if live.running is None or live.started != started:
-            return  # it finished within its grace period
-        self._advance()
-        if elastic_only:
-            parts = (*live.running.missing, *(r for _, r in live.running.elastic))
-            live.running = replace(live.running, elastic=(), missing=parts)
-            self._cycle()
-            return
-        ran = self.sim.now - live.started
-        saved = math.floor(ran / live.trace.save_every_s) * live.trace.save_every_s
-        live.left_s = max(live.left_s - saved, 0.0)
-        live.running = None
-        live.preempted += 1
-        self.pending[name] = replace(live.trace.job, yield_to=for_job)
-        self._cycle()
+        if state is JobState.DONE:
+            self.run.completions.setdefault(live.trace.job.priority, []).append(self.sim.now - live.submitted)
+        elif live.running:
+            ran = self.sim.now - live.started
+            saved = math.floor(ran / live.trace.save_every_s) * live.trace.save_every_s
+            live.left_s = max(live.left_s - saved, 0.0)
+            live.preempted += 1
+        live.running = False
 
     def simulate(self) -> ClusterRun:
         self.sim.run()
         self._advance()
         self.run.makespan = self.sim.now
+        self.run.preemptions = self.core.counts.preemptions
+        self.run.grown = self.core.counts.grown
         if self.sim.now > 0:
             self.run.allocation = self._alloc_s / self.horizon_s if self.horizon_s > 0 else 0.0
             self.run.jain = self._jain_s / self.sim.now

@@ -1,12 +1,12 @@
 """Replay a recorded core trace in virtual time: the equivalence check between the drivers.
 
-A Ray driver can record every event it feeds its core (`actors.pool.VerifierPool.record`), each
-stamped with the controller's clock, together with the effects the core returned. `replay` hands
-the same events to a copy of the core as it was when recording began, each at its recorded time on
-the simulator's clock (`rlsched.sim.engine.Simulator`), and returns the effects the core decides
-now. Equal lists mean the runtime decided nothing outside the core and the core read nothing but
-its events: the simulator, driving the same core with drawn durations, makes the runtime's
-decisions.
+A Ray driver can record every event it feeds its core, each stamped with its clock, together with
+the effects the core returned: the verifier pool (`actors.pool.VerifierPool.record`) and the
+cluster scheduler (`actors.cluster.Scheduler.record`). `replay` hands the same events to a copy of
+the core as it was when recording began, each at its recorded time on the simulator's clock
+(`rlsched.sim.engine.Simulator`), and returns the effects the core decides now. Equal lists mean the
+runtime decided nothing outside the core and the core read nothing but its events: the simulator,
+driving the same core with drawn durations, makes the runtime's decisions.
 """
 
 from __future__ import annotations
@@ -14,36 +14,51 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, Protocol
 
-from rlsched.core.verify_pool import Effect, Event, Trace, VerifyPoolCore, render
 from rlsched.sim.engine import Simulator
+
+
+class _Core(Protocol):
+    def handle(self, event: Any) -> list[Any]: ...
+
+
+class Recorded(Protocol):
+    """What a driver records: the core when recording began, then (event, effects) per event."""
+
+    @property
+    def initial(self) -> Any: ...
+
+    @property
+    def steps(self) -> list[tuple[Any, list[Any]]]: ...
 
 
 @dataclass
 class Replayed:
-    steps: list[tuple[Event, list[Effect]]]
-    events: int
+    steps: list[tuple[Any, list[Any]]]
+    events: int  # events the simulator ran
 
     @property
-    def decisions(self) -> list[str]:
-        return [line for event, effects in self.steps for line in render(effects, event.at)]
+    def effects(self) -> int:
+        return sum(len(effects) for _, effects in self.steps)
 
 
-def replay(trace: Trace) -> Replayed:
+def replay(trace: Recorded) -> Replayed:
     """The effects a copy of the trace's initial core returns for each recorded event."""
-    core = copy.deepcopy(trace.initial)
+    core: _Core = copy.deepcopy(trace.initial)
     sim = Simulator(0)
-    steps: list[tuple[Event, list[Effect]]] = []
+    steps: list[tuple[Any, list[Any]]] = []
+    first = trace.steps[0][0].at if trace.steps else 0.0
     for event, _ in trace.steps:
-        sim.at(event.at - trace.steps[0][0].at, partial(_feed, core, event, steps))
+        sim.at(event.at - first, partial(_feed, core, event, steps))
     return Replayed(steps, sim.run())
 
 
-def _feed(core: VerifyPoolCore, event: Event, steps: list[tuple[Event, list[Effect]]]) -> None:
+def _feed(core: _Core, event: Any, steps: list[tuple[Any, list[Any]]]) -> None:
     steps.append((event, core.handle(event)))
 
 
-def compare(trace: Trace, replayed: Replayed) -> list[str]:
+def compare(trace: Recorded, replayed: Replayed) -> list[str]:
     """Where the replay departs from the record: one line per differing step (empty: equal)."""
     out = []
     if len(trace.steps) != len(replayed.steps):

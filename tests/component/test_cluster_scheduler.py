@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from actors.cluster import JobSpec, JobState, Scheduler, job_spec
 from rlsched.admin import admission_params, load_admin
 from rlsched.config import load_config
@@ -69,33 +67,31 @@ def test_a_running_job_whose_driver_is_gone_gives_everything_back() -> None:
     assert s.jobs["here"].state is JobState.RUNNING
 
 
-def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bookkeeping only: which placement groups go when (removing them on Ray is the e2e test's)."""
-    import actors.cluster
-    from actors.cluster import _Part
+def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go() -> None:
+    """The bookkeeping only, in the core: which placement groups go when (removing them on Ray is the
+    e2e test's)."""
+    from rlsched.core.cluster import GroupId, PartId, RemovePlacementGroup, Tick, _Part
     from rlsched.policy.cluster_model import Evict
 
-    removed: list[object] = []
-    monkeypatch.setattr(actors.cluster, "_remove", removed.append)
     s = scheduler()
     s.submit(spec("rl"))
-    job = s.jobs["rl"]
+    core, job = s.core, s.jobs["rl"]
     job.to(JobState.RUNNING)
     job.started = 0.0
-    job.parts["elastic-0"] = _Part("a100-node", pg="pg-e0", resources={"A100": 1.0})  # type: ignore[arg-type]
-    job.gangs = [("pg-g0", [("h100-node", {"H100": 2.0})])]  # type: ignore[list-item]
-    s._evict(job, Evict("rl", True, 10.0, "eval", "lower priority (low) in queue research"), now=100.0)
-    view = s.poll("rl")
+    job.parts[PartId("elastic-0")] = _Part("a100-node", GroupId("pg-e0"), {"A100": 1.0})
+    job.gangs = [(GroupId("pg-g0"), [("h100-node", {"H100": 2.0})])]
+    core._evict(job, Evict("rl", True, 10.0, "eval", "lower priority (low) in queue research"), now=100.0)
+    view = core.poll("rl", 100.0)
     assert list(view["release"]) == ["elastic-0"] and view["parts"] == {} and view["stop_in"] is None
     assert view["why"] == "for eval: lower priority (low) in queue research"
-    s._expire(105.0)
-    assert "elastic-0" in job.parts  # still within its grace period
-    s._expire(110.0)
+    removed = [e.group for e in core.handle(Tick(105.0)) if isinstance(e, RemovePlacementGroup)]
+    assert removed == [] and "elastic-0" in job.parts  # still within its grace period
+    removed += [e.group for e in core.handle(Tick(110.0)) if isinstance(e, RemovePlacementGroup)]
     assert job.parts == {} and job.state is JobState.RUNNING  # the job carries on without it
     assert removed == ["pg-e0"]
-    s._evict(job, Evict("rl", False, 10.0, "eval", "lower priority (low) in queue research"), now=200.0)
-    assert s.poll("rl")["stop_in"] is not None
-    s._expire(210.0)
+    core._evict(job, Evict("rl", False, 10.0, "eval", "lower priority (low) in queue research"), now=200.0)
+    assert core.poll("rl", 200.0)["stop_in"] == 10.0
+    removed += [e.group for e in core.handle(Tick(210.0)) if isinstance(e, RemovePlacementGroup)]
     assert job.state is JobState.PREEMPTED and removed == ["pg-e0", "pg-g0"]
     s.finished("rl", preempted=True)  # the driver's late answer changes nothing
     assert job.state is JobState.PREEMPTED

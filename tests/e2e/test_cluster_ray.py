@@ -48,6 +48,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         started = rlsched("admin", "start", "configs/admin/lab.yaml", "--address", address)
         assert started.returncode == 0, started.stderr
         scheduler = find_scheduler()
+        ray.get(scheduler.record.remote())  # every event and decision, for the replay below
         run = [
             "run",
             "configs/jobs/shared.yaml",
@@ -102,6 +103,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         stdout, _ = job.communicate(timeout=600)
         seen["stdout"], seen["rc"] = stdout, job.returncode
         seen["status_after"] = status()
+        seen["trace"] = ray.get(scheduler.trace.remote())
         stopped = rlsched("admin", "stop", "--address", address)
         assert stopped.returncode == 0, stopped.stderr
         seen["pgs_left"] = [p for p in ray.util.placement_group_table().values() if p["state"] != "REMOVED"]
@@ -167,3 +169,19 @@ def test_everything_is_released_at_the_end(shared: dict[str, Any]) -> None:
     assert after["shared"]["state"] == "done" and after["eval"]["state"] == "done"
     assert {after[j]["state"] for j in ("needs-b200", "needs-h100", "needs-3-cpus")} == {"cancelled"}
     assert shared["pgs_left"] == []
+
+
+def test_the_schedulers_recorded_run_replayed_in_virtual_time_makes_the_same_decisions(
+    shared: dict[str, Any],
+) -> None:
+    """Every event the Ray scheduler fed its core (submissions, polls' answers, cycles with the
+    inventory it saw, finishes), replayed through the simulator, gives the same effects."""
+    from rlsched.core.cluster import CreatePlacementGroup, JobEnded, RemovePlacementGroup
+    from rlsched.sim.replay import compare, replay
+
+    trace = shared["trace"]
+    replayed = replay(trace)
+    assert compare(trace, replayed) == []
+    kinds = {type(e) for _, effects in trace.steps for e in effects}
+    assert {CreatePlacementGroup, RemovePlacementGroup, JobEnded} <= kinds
+    print(f"cluster trace: {replayed.events} events, {replayed.effects} effects, all equal on replay")

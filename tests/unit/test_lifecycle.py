@@ -10,12 +10,15 @@ import pytest
 
 from rlsched.policy.lifecycle import (
     INSTANCE_TRANSITIONS,
+    JOB_TRANSITIONS,
     SLOT_TRANSITIONS,
     VERIFY_TRANSITIONS,
     IllegalTransition,
     InstanceState,
+    JobState,
     SlotState,
     VerifyState,
+    job_transition,
     slot_transition,
     transition,
     verify_transition,
@@ -25,6 +28,7 @@ TABLES: list[tuple[type[StrEnum], dict[Any, frozenset[Any]], Callable[[Any, Any]
     (InstanceState, INSTANCE_TRANSITIONS, transition),
     (SlotState, SLOT_TRANSITIONS, slot_transition),
     (VerifyState, VERIFY_TRANSITIONS, verify_transition),
+    (JobState, JOB_TRANSITIONS, job_transition),
 ]
 
 

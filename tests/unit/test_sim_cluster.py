@@ -32,7 +32,9 @@ def run(classes: list[TraceClass], seed: int = 3) -> dict[str, float]:
 
 def test_preemptible_borrowers_fill_idle_devices_without_starving_the_gangs() -> None:
     alone, shared = run([TRAIN]), run([TRAIN, BATCH])
-    assert alone["unfinished"] == shared["unfinished"] == 0  # every job of the trace finished
+    assert alone["unfinished"] == alone["preemptions"] == 0  # every job of the trace finished
+    # a borrower evicted for a gang ends, as on the runtime (requeueing is the durability work's)
+    assert shared["unfinished"] == shared["preemptions"] > 0
     assert shared["allocation"] > alone["allocation"] + 0.15
     assert shared["training_wait_max_s"] <= 6 * 3600  # the class's maximum wait held
     assert shared["training_completion_mean_s"] <= 1.1 * alone["training_completion_mean_s"]
@@ -78,14 +80,16 @@ def traces(draw: st.DrawFn) -> tuple[list[Node], AdmissionParams, list[TraceJob]
 
 @settings(max_examples=150, deadline=None)
 @given(traces())
-def test_every_trace_ends_with_every_job_done_and_no_preemption_churn(world: tuple) -> None:
+def test_every_trace_ends_with_every_job_done_or_preempted_once_and_no_churn(world: tuple) -> None:
     """Random clusters and traces in which every job fits the empty cluster: the simulation stops by
-    itself (no endless cycle of evictions and re-admissions) and every job finishes."""
+    itself (no endless cycle of evictions) and every job finishes, or ends once evicted."""
     nodes, params, trace = world
     sim = ClusterSim(nodes, params, trace, ["GPU"])
     sim.sim.run(max_events=200 * len(trace))
     assert sim.sim.pending == 0, "still evicting and admitting after 200 events per job"
-    assert sim.simulate().unfinished == 0
+    ended = sum(j.preempted for j in sim.jobs.values())  # an evicted job ends, once
+    assert all(j.preempted <= 1 for j in sim.jobs.values())
+    assert sim.simulate().unfinished == ended
 
 
 def test_capacity_a_queue_reclaims_goes_to_it_not_back_to_the_borrower() -> None:
@@ -105,7 +109,7 @@ def test_capacity_a_queue_reclaims_goes_to_it_not_back_to_the_borrower() -> None
     trace = [TraceJob(PendingJob(n, q, c, t, (one,)), w, 300.0) for n, q, c, t, w in spec]
     sim = ClusterSim(nodes, params, trace, ["GPU"])
     sim.sim.run(max_events=1000)  # before, the borrowers took it back and were evicted every 60 s
-    assert sim.sim.pending == 0 and sim.simulate().unfinished == 0
+    assert sim.sim.pending == 0 and sim.simulate().unfinished == 1  # the evicted borrower ended
     assert sorted(j.preempted for j in sim.jobs.values()) == [0, 0, 1]  # one borrower, once
     assert sim.jobs["b0"].first_start == 60.0  # as soon as the borrowers had run their minimum 60 s
 
