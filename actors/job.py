@@ -26,6 +26,7 @@ from rlsched.errors import UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
+from rlsched.policy.placement import add
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task, check_prompts
 from rlsched.store.partial import PartialStore, StoreError
@@ -44,13 +45,13 @@ class JobReport:
 
 
 def required_resources(cfg: JobConfig) -> dict[str, float]:
-    instances = cfg.rollout.instances + len(cfg.rollout.transient)  # transient ones may overlap
-    cpus = (
-        cfg.trainer.ranks * cfg.trainer.cpus_per_rank
-        + instances * cfg.rollout.cpus_per_instance
-        + cfg.verifier.workers * cfg.verifier.cpus_per_worker
-    )
-    return {"CPU": cpus, "GPU": cfg.trainer.ranks * cfg.trainer.gpus_per_rank}
+    """What the job holds at once: its gangs, as the cluster scheduler is asked for them (`job_spec`:
+    ranks, static instances, CPU and GPU verifier workers, with their `resources`), and its transient
+    instances, whose windows may overlap."""
+    spec = job_spec(cfg, cfg.run.out_dir.name, "", "")
+    instance = {"CPU": cfg.rollout.cpus_per_instance, **cfg.rollout.resources}
+    transient = [instance] * len(cfg.rollout.transient)
+    return add(*(bundle for gang in spec.gangs for bundle in gang.bundles), *transient)
 
 
 def check_capacity(cfg: JobConfig) -> None:

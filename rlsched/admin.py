@@ -26,7 +26,7 @@ from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueuePara
 
 class PriorityClass(Section):
     value: int = Field(description="higher runs first and may preempt lower")
-    preemptible: bool = True
+    preemptible: bool = Field(True, description="whether jobs of this class may be preempted at all")
     grace_s: float = Field(30.0, ge=0, description="seconds a preempted job gets to save or drain")
     min_run_s: float = Field(
         0.0, ge=0, description="runs at least this long before it may be preempted again"
@@ -44,7 +44,9 @@ class Queue(Section):
     lending_limit: dict[str, float] = Field(
         default_factory=dict, description="most of its idle nominal others may borrow (absent: all)"
     )
-    default_priority: str | None = None
+    default_priority: str | None = Field(
+        None, description="the class a job submitted without --priority gets"
+    )
 
     @model_validator(mode="after")
     def _non_negative(self) -> Queue:
@@ -60,7 +62,7 @@ class Queue(Section):
 
 
 class Cohort(Section):
-    parent: str | None = None
+    parent: str | None = Field(None, description="the cohort this one borrows from in turn (no cycles)")
 
 
 class PreemptionRules(Section):
@@ -78,7 +80,11 @@ class FairnessPolicy(StrEnum):
 
 
 class Fairness(Section):
-    policy: FairnessPolicy = FairnessPolicy.DRF
+    policy: FairnessPolicy = Field(
+        FairnessPolicy.DRF,
+        description="drf (dominant resource fairness over the queues' weighted shares) or "
+        "priority (class order alone)",
+    )
     usage_half_life_s: float | None = Field(
         None, gt=0, description="weigh decayed past usage too (unset: current allocation only)"
     )
@@ -86,14 +92,16 @@ class Fairness(Section):
 
 class Reserve(Section):
     classes: list[str] = Field(min_length=1, description="the latency-sensitive classes it serves")
-    resources: dict[str, float]
+    resources: dict[str, float] = Field(description="capacity held back for those classes")
 
 
 class NodeGroup(Section):
-    name: str = Field(min_length=1)
-    count: int = Field(1, ge=1)
-    resources: dict[str, float]
-    labels: dict[str, str] = Field(default_factory=dict)
+    name: str = Field(min_length=1, description="the group's name (its nodes are named name-0, name-1, ...)")
+    count: int = Field(1, ge=1, description="nodes in the group")
+    resources: dict[str, float] = Field(description="each node's resources, e.g. {GPU: 8, CPU: 64}")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="each node's labels (placement selectors match them)"
+    )
 
 
 class AdminConfig(Section):

@@ -52,7 +52,10 @@ class EngineDType(StrEnum):
 
 
 class EngineConfig(Section):
-    kind: EngineKind = EngineKind.TORCH
+    kind: EngineKind = Field(
+        EngineKind.TORCH,
+        description="the rollout engine: torch (in-process, any HF causal LM) or vllm (needs the vllm extra)",
+    )
     max_batch: int = Field(256, ge=1, le=4096, description="requests decoded at once by one engine")
     dtype: EngineDType = Field(EngineDType.AUTO, description="the torch engine's compute dtype")
     use_cache: bool = Field(
@@ -61,10 +64,15 @@ class EngineConfig(Section):
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    max_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, ge=0.0, description="softmax temperature; 0 decodes greedily")
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="nucleus sampling: keep the smallest set of tokens with this much probability",
+    )
+    top_k: int = Field(0, ge=0, description="keep only the k likeliest tokens (0: all)")
+    max_tokens: int = Field(8, ge=1, description="tokens generated per sample at most")
     ignore_eos: bool = Field(
         False, description="generate max_tokens every time (vLLM's ignore_eos: fixed lengths for benchmarks)"
     )
@@ -141,7 +149,11 @@ def _keys_for_other_kinds(name: TaskKind, given: dict[str, Any]) -> str | None:
 
 
 class TaskConfig(Section):
-    name: TaskKind = TaskKind.ADDITION
+    name: TaskKind = Field(
+        TaskKind.ADDITION,
+        description="the task: addition, word_problems, arithmetic, jsonl (task.path) or dataset "
+        "(a local HF dataset at task.path)",
+    )
     path: Path | None = Field(None, description="a jsonl task's file; a dataset task's file or directory")
     format: TaskFormat = Field(TaskFormat.AUTO, description="dataset only: how to read task.path")
     columns: TaskColumns = Field(TaskColumns(), description="dataset only: the column of each part")
@@ -149,11 +161,11 @@ class TaskConfig(Section):
     eval_split: str | None = Field(
         None, description="dataset only: the split held out; unset: eval_size rows drawn with task.seed"
     )
-    digits: int = Field(3, ge=1, le=6)
+    digits: int = Field(3, ge=1, le=6, description="addition: digits per operand")
     level: ArithmeticLevel = Field(ArithmeticLevel.EASY, description="arithmetic only: how hard")
     train_size: int = Field(2048, ge=1, description="arithmetic only: distinct training problems")
-    eval_size: int = Field(1024, ge=1)
-    seed: int = 1234
+    eval_size: int = Field(1024, ge=1, description="held-out problems in each evaluation")
+    seed: int = Field(1234, description="seed of the task's problem draws (train and held-out sets)")
 
     @model_validator(mode="after")
     def _keys_match_kind(self) -> TaskConfig:
@@ -178,14 +190,18 @@ class TaskConfig(Section):
 class GRPOConfig(Section):
     steps: int = Field(200, ge=1, description="update steps at most")
     time_budget_s: float = Field(180.0, gt=0, description="stop updating after this many seconds")
-    prompts_per_step: int = Field(32, ge=1)
+    prompts_per_step: int = Field(
+        32, ge=1, description="training prompts per iteration (each sampled group_size times)"
+    )
     group_size: int = Field(8, ge=2, description="samples per prompt; advantages are relative within it")
-    lr: float = Field(3e-4, gt=0)
-    warmup_steps: int = Field(10, ge=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate")
+    warmup_steps: int = Field(10, ge=0, description="steps of linear learning-rate warm-up")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low)")
+    clip_high: float = Field(
+        0.28, ge=0, description="PPO ratio clip above 1 (1 + clip_high; DAPO's clip-higher)"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL penalty to the starting policy (0: none)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradients are clipped to this global norm")
     verify_retries: int = Field(2, ge=0, description="retries of a verifier execution fault")
 
 
@@ -205,8 +221,8 @@ class ClusterConfig(Section):
     """The embedded local Ray cluster started when no `--address` is given (logical resources)."""
 
     num_cpus: int = Field(8, ge=1, description="logical CPUs; they need not exist physically")
-    num_gpus: int = Field(0, ge=0)
-    object_store_mb: int = Field(256, ge=64)
+    num_gpus: int = Field(0, ge=0, description="GPUs the embedded cluster declares")
+    object_store_mb: int = Field(256, ge=64, description="the embedded cluster's object store")
 
 
 class Precision(StrEnum):
@@ -221,9 +237,13 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(
         16384, ge=64, description="padded tokens per forward/backward; gradients accumulate over them"
     )
-    cpus_per_rank: float = Field(1.0, gt=0)
-    gpus_per_rank: float = Field(0.0, ge=0)
-    placement_strategy: PlacementStrategy = PlacementStrategy.STRICT_PACK
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPUs each training rank holds")
+    gpus_per_rank: float = Field(0.0, ge=0, description="GPUs each training rank holds")
+    placement_strategy: PlacementStrategy = Field(
+        PlacementStrategy.STRICT_PACK,
+        description="Ray placement of the ranks' bundles: STRICT_PACK (one node), PACK, SPREAD "
+        "or STRICT_SPREAD",
+    )
     placement_timeout_s: float = Field(30.0, gt=0, description="wait this long for the gang, then fail")
     resources: dict[str, float] = Field(
         default_factory=dict,
@@ -241,12 +261,18 @@ class TransientInstance(Section):
     generation in iteration `join_iteration`; it is reclaimed `available_s` after it was granted
     (preparation included), or `reclaim_at_s` into iteration `reclaim_iteration`'s generation."""
 
-    join_iteration: int = Field(1, ge=1)
-    join_at_s: float = Field(0.0, ge=0)
+    join_iteration: int = Field(1, ge=1, description="the iteration whose generation it joins in")
+    join_at_s: float = Field(0.0, ge=0, description="seconds into that iteration's generation")
     available_s: float | None = Field(None, gt=0, description="the window's length; unset: it stays")
-    reclaim_iteration: int | None = Field(None, ge=1)
-    reclaim_at_s: float = Field(0.0, ge=0)
-    leave: Leave = Leave.PREEMPTED
+    reclaim_iteration: int | None = Field(
+        None, ge=1, description="the iteration in which it is reclaimed (instead of available_s)"
+    )
+    reclaim_at_s: float = Field(0.0, ge=0, description="seconds into that iteration's generation")
+    leave: Leave = Field(
+        Leave.PREEMPTED,
+        description="how it goes: preempted (killed; its requests resume elsewhere) or draining "
+        "(finishes first)",
+    )
     receiver_gbps: float | None = Field(
         None, gt=0, description="its ingress link; unset: weights.receiver_gbps"
     )
@@ -264,8 +290,8 @@ class TransientInstance(Section):
 
 
 class RolloutConfig(Section):
-    instances: int = Field(2, ge=1)
-    cpus_per_instance: float = Field(1.0, gt=0)
+    instances: int = Field(2, ge=1, description="static rollout instances, started with the job")
+    cpus_per_instance: float = Field(1.0, gt=0, description="CPUs each instance holds")
     max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")
     request_batch: int = Field(
         16, ge=1, description="requests handed to an instance at a time; a joiner takes from what is left"
@@ -285,7 +311,9 @@ class RolloutConfig(Section):
 class WeightsConfig(Section):
     """How each version travels from the trainer's rank 0 to the rollout instances (rlsched/transfer)."""
 
-    plane: Plane = Plane.TCP
+    plane: Plane = Field(
+        Plane.TCP, description="the data plane of the weight service: tcp (raw socket) or grpc (messages)"
+    )
     egress_gbps: float | None = Field(None, gt=0, description="the sender's link; unset: unshaped")
     receiver_gbps: float | None = Field(None, gt=0, description="each instance's ingress; unset: uncapped")
     chunk_kb: int = Field(4096, ge=4, description="bytes per verified chunk, in KiB")
@@ -297,7 +325,9 @@ class StoreConfig(Section):
 
     path: Path | None = Field(None, description="the SQLite file; unset: partial.sqlite in the run's out_dir")
     flush_s: float = Field(0.25, gt=0, description="how often running requests' new tokens are saved")
-    enabled: bool = True
+    enabled: bool = Field(
+        True, description="save partial outputs, so a reclaimed instance's requests resume from their tokens"
+    )
 
 
 class TimeoutConfig(Section):
@@ -305,10 +335,14 @@ class TimeoutConfig(Section):
     is stopped at min(max(floor_s, factor x the longest recent correct run of its problem), cap_s),
     at cap_s before any correct run, and never later than hard_cap_s. Stopping kills the worker."""
 
-    floor_s: float = Field(2.0, gt=0)
-    factor: float = Field(1.5, ge=1.0)
-    cap_s: float = Field(30.0, gt=0)
-    hard_cap_s: float = Field(120.0, gt=0)
+    floor_s: float = Field(2.0, gt=0, description="no timeout shorter than this")
+    factor: float = Field(1.5, ge=1.0, description="times the longest recent correct run of the problem")
+    cap_s: float = Field(
+        30.0, gt=0, description="no timeout longer than this (and the timeout before any correct run)"
+    )
+    hard_cap_s: float = Field(
+        120.0, gt=0, description="the bound nothing passes, whatever the other three say"
+    )
 
     def params(self) -> TimeoutParams:
         return TimeoutParams(self.floor_s, self.factor, self.cap_s, self.hard_cap_s)
@@ -351,10 +385,12 @@ class SandboxConfig(Section):
 
 class VerifierConfig(Section):
     kind: str = Field("exact_answer", description="a shipped kind, or 'module:callable' of your own")
-    workers: int = Field(2, ge=1)
-    cpus_per_worker: float = Field(0.5, gt=0)
+    workers: int = Field(2, ge=1, description="CPU verifier workers (one Ray actor each)")
+    cpus_per_worker: float = Field(0.5, gt=0, description="CPUs each worker holds")
     delay_s: float = Field(0.0, ge=0, description="extra seconds per verification (benchmarks)")
-    dispatch: DispatchPolicy = DispatchPolicy.FIFO
+    dispatch: DispatchPolicy = Field(
+        DispatchPolicy.FIFO, description="the dispatch policy: fifo, sjf, lrpt or distrs (batch deadlines)"
+    )
     order_generation: bool = Field(
         True,
         description="distrs only: generate problems with the longest expected verification first",
@@ -394,9 +430,11 @@ class ScheduleConfig(Section):
 
 
 class RunConfig(Section):
-    seed: int = 0
-    threads: int = Field(2, ge=1)
-    out_dir: Path = Path("runs/latest")
+    seed: int = Field(0, description="seed of the whole run: prompts, sampling, initialisation")
+    threads: int = Field(2, ge=1, description="torch threads in this process")
+    out_dir: Path = Field(
+        Path("runs/latest"), description="where the run writes its records, report and checkpoint"
+    )
 
 
 class JobConfig(Section):

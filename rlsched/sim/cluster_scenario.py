@@ -35,18 +35,22 @@ from rlsched.sim.cluster import ClusterSim, TraceClass, TraceJob, summarise, syn
 class StreamConfig(Section):
     """Jobs of one class from one queue: Poisson arrivals, gang sizes, lognormal run times."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="a priority class of the admin file")
     priority: str = Field(description="a priority class of the admin file")
-    queue: str
-    rate_per_h: float = Field(gt=0)
+    queue: str = Field(description="the admin file's queue its jobs go to")
+    rate_per_h: float = Field(gt=0, description="Poisson arrivals per hour")
     devices: list[int] = Field(min_length=1, description="a job's gang size in devices, drawn uniformly")
-    mean_work_s: float = Field(gt=0)
-    sigma: float = Field(1.0, ge=0)
-    device: str = "GPU"
-    cpus_per_device: float = Field(4.0, ge=0)
+    mean_work_s: float = Field(gt=0, description="mean run time when never interrupted (lognormal)")
+    sigma: float = Field(1.0, ge=0, description="the run time's lognormal sigma")
+    device: str = Field("GPU", description="the device a gang asks for")
+    cpus_per_device: float = Field(4.0, ge=0, description="CPUs asked with each device")
     per_node: int = Field(8, ge=1, description="devices per bundle (one node's worth)")
     elastic: int = Field(0, ge=0, description="elastic parts per job, one device each")
-    save_every_s: float = Field(600.0, gt=0)
+    save_every_s: float = Field(
+        600.0,
+        gt=0,
+        description="a job saves its work this often (what an eviction loses is since the last save)",
+    )
 
     @field_validator("devices")
     @classmethod
@@ -57,22 +61,22 @@ class StreamConfig(Section):
 
 
 class VariantConfig(Section):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="the variant's name in the report")
     fairness: FairnessPolicy | None = Field(None, description="unset: the admin file's")
-    borrow_within_cohort: bool | None = None
+    borrow_within_cohort: bool | None = Field(None, description="unset: the admin file's")
     streams: list[str] | None = Field(None, description="streams that take part (unset: all)")
 
 
 class ClusterScenarioConfig(Section):
-    kind: Literal["cluster"]
+    kind: Literal["cluster"] = Field(description="cluster: this file is a cluster scenario")
     admin: Path = Field(description="the admin file (nodes, classes, queues); relative to this file")
     hours: float = Field(24.0, gt=0, description="hours of synthetic arrivals")
-    seeds: int = Field(3, ge=1)
+    seeds: int = Field(3, ge=1, description="seeds per variant (figures are means)")
     devices: list[str] = Field(default_factory=lambda: ["GPU"], description="resources counted as devices")
     bucket_s: float = Field(3600.0, gt=0, description="the allocation-over-time resolution")
     streams: list[StreamConfig] = Field(default_factory=list)
     trace: Path | None = Field(None, description="a CSV job log (see the module docstring)")
-    trace_device: str = "GPU"
+    trace_device: str = Field("GPU", description="the device counted for allocation")
     variants: list[VariantConfig] = Field(default_factory=lambda: [VariantConfig(name="as configured")])
 
     @field_validator("admin", "trace")

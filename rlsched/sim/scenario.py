@@ -18,14 +18,14 @@ class SimClusterConfig(Section):
     """What the simulated cluster has; the jobs and the verifier pool must fit in it."""
 
     gpus: int = Field(8, ge=0, description="accelerators (the quickstart's 'GPUs' are CPU processes)")
-    cpus: int = Field(64, ge=0)
+    cpus: int = Field(64, ge=0, description="CPUs (the verifier pool's workers take theirs from here)")
 
 
 class SimPoolConfig(Section):
     """The verifier pool every job's samples share: CPU workers, and GPU workers for a GPU stage."""
 
     cpu_workers: int = Field(4, ge=1, description="workers for the CPU stage of each verification")
-    cpus_per_worker: int = Field(1, ge=1)
+    cpus_per_worker: int = Field(1, ge=1, description="CPUs each verifier worker holds")
     gpu_workers: int = Field(0, ge=0, description="workers holding one GPU each, for the GPU stage")
     autoscale: bool = Field(
         False, description="distrs only: resize the pool over time by advise_pool (history-based scaling)"
@@ -57,27 +57,27 @@ class SimWeightsConfig(Section):
     """A job's weight link (SPEC section 2): every instance pulls each version's `bytes` through the
     trainer's shared egress under its own ingress cap, then loads it for `load_s`."""
 
-    bytes: float = Field(gt=0)
-    egress_gbps: float = Field(gt=0)
-    receiver_gbps: float = Field(gt=0)
+    bytes: float = Field(gt=0, description="bytes of one version")
+    egress_gbps: float = Field(gt=0, description="the trainer's shared egress, Gbit/s")
+    receiver_gbps: float = Field(gt=0, description="each instance's ingress cap, Gbit/s")
     load_s: float = Field(0.0, ge=0, description="load and confirm, after the transfer")
 
 
 class SimTransientConfig(Section):
     """`count` instances granted at `join_at_s` (virtual seconds) and reclaimed `available_s` later."""
 
-    join_at_s: float = Field(ge=0)
+    join_at_s: float = Field(ge=0, description="when the instances are granted (virtual seconds)")
     available_s: float = Field(gt=0, description="the window, preparation included")
-    count: int = Field(1, ge=1)
+    count: int = Field(1, ge=1, description="instances granted together")
     receiver_gbps: float | None = Field(None, gt=0, description="their ingress; unset: the job's")
 
 
 class SimResumeConfig(Section):
     """Pricing a reclaimed sample's resume (prefill of prompt + saved tokens) against a restart."""
 
-    prompt_tokens: float = Field(0.0, ge=0)
-    prefill_tokens_per_s: float = Field(5000.0, gt=0)
-    setup_s: float = Field(0.0, ge=0)
+    prompt_tokens: float = Field(0.0, ge=0, description="prompt tokens a resumed request prefills again")
+    prefill_tokens_per_s: float = Field(5000.0, gt=0, description="prefill speed when resuming")
+    setup_s: float = Field(0.0, ge=0, description="fixed seconds to resume one request")
 
 
 class SimJobConfig(Section):
@@ -88,23 +88,27 @@ class SimJobConfig(Section):
     and go (`rlsched.sim.fleet`).
     """
 
-    name: str = Field("job", min_length=1)
-    iterations: int = Field(10, ge=1)
+    name: str = Field("job", min_length=1, description="the job's name in spans and reports")
+    iterations: int = Field(10, ge=1, description="iterations to run")
     samples: int = Field(256, ge=1, description="samples per iteration")
     instances: int = Field(2, ge=1, description="rollout instances")
-    gpus_per_instance: int = Field(1, ge=0)
+    gpus_per_instance: int = Field(1, ge=0, description="devices each rollout instance holds")
     slots: int = Field(64, ge=1, description="sequences one instance generates at once (its batch)")
-    trainer_gpus: int = Field(2, ge=0)
-    generate_s: Distribution | None = None
+    trainer_gpus: int = Field(2, ge=0, description="devices of the training group (what its idling costs)")
+    generate_s: Distribution | None = Field(
+        None, description="seconds to generate one sample (unset: tokens / tokens_per_s)"
+    )
     tokens: Distribution | None = Field(None, description="generated tokens per sample")
     tokens_per_s: Distribution | None = Field(None, description="decode speed of one sequence")
-    verify_cpu_s: Distribution = Constant(value=0.01)
+    verify_cpu_s: Distribution = Field(
+        Constant(value=0.01), description="seconds of a problem's CPU-stage verification"
+    )
     verify_gpu_s: Distribution | None = Field(None, description="a GPU stage after the CPU stage")
-    update_s: Distribution = Constant(value=0.5)
+    update_s: Distribution = Field(Constant(value=0.5), description="seconds of the update")
     update_tokens_per_s: float | None = Field(
         None, gt=0, description="if set, the update also takes the batch's tokens / this rate"
     )
-    publish_s: Distribution = Constant(value=0.01)
+    publish_s: Distribution = Field(Constant(value=0.01), description="seconds to publish a version")
     overlap: bool = Field(True, description="verify while generating (false: the sequential baseline)")
     group_size: int = Field(1, ge=1, description="samples per problem in an iteration (GRPO's group)")
     problems: int | None = Field(
@@ -163,8 +167,10 @@ class ScenarioConfig(Section):
     cluster: SimClusterConfig = SimClusterConfig()
     pool: SimPoolConfig = SimPoolConfig()
     jobs: tuple[SimJobConfig, ...] = (SimJobConfig(generate_s=Uniform(low=0.1, high=0.5)),)
-    policies: tuple[DispatchPolicy, ...] = (DispatchPolicy.FIFO,)
-    seeds: int = Field(5, ge=1)
+    policies: tuple[DispatchPolicy, ...] = Field(
+        (DispatchPolicy.FIFO,), description="dispatch policies to compare, each run on the same seeds"
+    )
+    seeds: int = Field(5, ge=1, description="seeds per policy (figures are over all of them)")
 
     @model_validator(mode="after")
     def _fits(self) -> ScenarioConfig:
