@@ -26,12 +26,10 @@ The figure it is compared with: a large study of production GPU clusters saw all
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import time
-from pathlib import Path
 
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -125,13 +123,11 @@ def allocation_runs(hours: float, seeds: int) -> list[dict[str, object]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_cluster")
     ap.add_argument("--nodes", default="1000,10000")
     ap.add_argument("--pending", type=int, default=5000)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hours", type=float, default=48.0, help="hours of job trace for the allocation runs")
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the allocation runs")
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_cluster.json"))
     args = ap.parse_args()
     console = Console(width=120)
     rows = []
@@ -191,20 +187,16 @@ def main() -> None:
     console.print(
         "compare: a production study saw 68% -> 93% allocation once preemptible low-priority work was added"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "workload": vars(args) | {"json": str(args.json)},
-                "rows": rows,
-                "kueue_per_s": 43,
-                "allocation": allocation,
-                "allocation_reference": {"without": 0.68, "with": 0.93},
-            },
-            indent=2,
-        )
+    write(
+        args.json,
+        {
+            "workload": vars(args) | {"json": str(args.json)},
+            "rows": rows,
+            "kueue_per_s": 43,
+            "allocation": allocation,
+            "allocation_reference": {"without": 0.68, "with": 0.93},
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

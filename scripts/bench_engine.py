@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -236,15 +237,13 @@ def table(rows: list[dict[str, Any]], title: str) -> Table:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_engine")
     ap.add_argument("--checkpoint", type=Path, default=BASE_CHECKPOINT)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto")
-    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_engine.json"))
     ap.add_argument(
         "--update-sizes",
         type=lambda t: tuple(int(x) for x in t.split("x")),
@@ -266,32 +265,28 @@ def main() -> None:
         if args.update_sizes:
             updates = update_times(args.update_sizes, args.repeats, args.seed)
             Console().print(update_table(updates, args.repeats))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_engine",
-                "workload": {
-                    "model": str(ck.path),
-                    "params": sum(p.numel() for p in ck.model.parameters()),
-                    "prompt_tokens": prompt_tokens,
-                    "tokens_per_request": args.tokens,
-                    "sampling": "temperature 1",
-                    "dtype": str(dtype),
-                },
-                "seed": args.seed,
-                "repeats": args.repeats,
-                "statistic": "median",
-                "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
-                "bound": "HF generate on the same model in the same run (ratio = engine / hf_generate)",
-                "results": rows,
-                "vllm_update": updates or None,
-                "update_bound": "the torch engine's load of the same bytes in one process (no RPC)",
+    write(
+        args.json,
+        {
+            "benchmark": "bench_engine",
+            "workload": {
+                "model": str(ck.path),
+                "params": sum(p.numel() for p in ck.model.parameters()),
+                "prompt_tokens": prompt_tokens,
+                "tokens_per_request": args.tokens,
+                "sampling": "temperature 1",
+                "dtype": str(dtype),
             },
-            indent=1,
-        )
+            "seed": args.seed,
+            "repeats": args.repeats,
+            "statistic": "median",
+            "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
+            "bound": "HF generate on the same model in the same run (ratio = engine / hf_generate)",
+            "results": rows,
+            "vllm_update": updates or None,
+            "update_bound": "the torch engine's load of the same bytes in one process (no RPC)",
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

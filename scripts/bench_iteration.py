@@ -15,13 +15,13 @@ a worker free. Writes bench_results/bench_iteration.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -68,12 +68,10 @@ def measure(overlap: bool, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_iteration")
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--delay", type=float, default=0.01)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_iteration.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     ray.init(num_cpus=8, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False)
@@ -109,31 +107,26 @@ def main() -> None:
                 f"{mode}: dispatch overhead (arrival -> verification start, worker free) "
                 f"median {d['median']:.2f} ms, p99 {d['p99']:.2f} ms over {d['samples']} samples"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_iteration",
-                "workload": {
-                    "config": "configs/jobs/quickstart.yaml",
-                    "verifier_delay_s": args.delay,
-                    "verifier_workers": args.workers,
-                    "iterations": args.iterations,
-                    "warmup": 1,
-                },
-                "seed": args.seed,
-                "statistic": "median",
-                "bound": "sequential run's sum of phases (SPEC section 1)",
-                "results": {
-                    k: {**v, "critical_path": [list(x) for x in v["critical_path"]]}
-                    for k, v in results.items()
-                },
-                "t_iter_ratio_overlapped_over_sequential": round(ratio, 3),
+    write(
+        args.json,
+        {
+            "benchmark": "bench_iteration",
+            "workload": {
+                "config": "configs/jobs/quickstart.yaml",
+                "verifier_delay_s": args.delay,
+                "verifier_workers": args.workers,
+                "iterations": args.iterations,
+                "warmup": 1,
             },
-            indent=1,
-        )
+            "seed": args.seed,
+            "statistic": "median",
+            "bound": "sequential run's sum of phases (SPEC section 1)",
+            "results": {
+                k: {**v, "critical_path": [list(x) for x in v["critical_path"]]} for k, v in results.items()
+            },
+            "t_iter_ratio_overlapped_over_sequential": round(ratio, 3),
+        },
     )
-    console.print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

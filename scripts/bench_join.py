@@ -17,7 +17,6 @@ slowest transfer). Writes bench_results/bench_join.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -26,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from _bench import parser, write
 from bench_weights import run_receivers  # scripts/ is on the path when this script runs
 from rich.console import Console
 from rich.table import Table
@@ -88,12 +88,11 @@ def run(ctx: Any, args: argparse.Namespace, address: str, n: int) -> list[dict[s
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_join")
     ap.add_argument("--checkpoint", type=Path, default=Path("models/smollm2-135m-instruct"))
     ap.add_argument("--receivers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--egress-gbps", type=float, default=4.0)
     ap.add_argument("--ingress-gbps", type=float, default=4.0)
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_join.json"))
     args = ap.parse_args()
     if not (args.checkpoint / "config.json").is_file():
         print(f"{args.checkpoint} not found: run `make model-smollm2`, or pass --checkpoint DIR")
@@ -151,16 +150,23 @@ def main() -> int:
     console.print(
         f"publish: {publish_s:.2f} s for {nbytes / 1e6:.0f} MB (state dict to BF16 bytes {serialize_s:.2f} s)"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "benchmark": "bench_join",
-        "workload": {"checkpoint": str(args.checkpoint), "nbytes": nbytes, "sha256": sha,
-                     "egress_gbps": args.egress_gbps, "ingress_gbps": args.ingress_gbps},
-        "publish_s": publish_s, "serialize_s": serialize_s,
-        "bound": "max(S / r, N x S / E) (rlsched.policy.bandwidth.all_receivers_bound)",
-        "results": rows,
-    }, indent=1))  # fmt: skip
-    console.print(f"wrote {args.json}")
+    write(
+        args.json,
+        {
+            "benchmark": "bench_join",
+            "workload": {
+                "checkpoint": str(args.checkpoint),
+                "nbytes": nbytes,
+                "sha256": sha,
+                "egress_gbps": args.egress_gbps,
+                "ingress_gbps": args.ingress_gbps,
+            },
+            "publish_s": publish_s,
+            "serialize_s": serialize_s,
+            "bound": "max(S / r, N x S / E) (rlsched.policy.bandwidth.all_receivers_bound)",
+            "results": rows,
+        },
+    )
     return 0
 
 

@@ -13,13 +13,12 @@ Writes bench_results/bench_rl_vs_sft.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import time
 from pathlib import Path
 
 import torch
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -65,10 +64,8 @@ def run_sft(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_rl_vs_sft")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_rl_vs_sft.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     ckpt = load_checkpoint()
@@ -102,33 +99,29 @@ def main() -> None:
             f"{100 * (res.pass_rate - base.pass_rate):+.1f}",
         )
     Console().print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_rl_vs_sft",
-                "workload": {
-                    "task": "3-digit addition, reversed answers",
-                    "eval_problems": base.total,
-                    "budget_s_per_arm": args.seconds,
-                    "teacher_carry_drop": CARRY_DROP,
-                },
-                "seed": args.seed,
-                "bound": "sft_clean: supervised steps on correct labels for the same wall time",
-                "results": {
-                    name: {
-                        "steps": steps,
-                        "pass_rate": res.pass_rate,
-                        "carry_pass_rate": res.carry_pass_rate,
-                        "gain_points": round(100 * (res.pass_rate - base.pass_rate), 2),
-                    }
-                    for name, (res, steps) in arms.items()
-                },
+    write(
+        args.json,
+        {
+            "benchmark": "bench_rl_vs_sft",
+            "workload": {
+                "task": "3-digit addition, reversed answers",
+                "eval_problems": base.total,
+                "budget_s_per_arm": args.seconds,
+                "teacher_carry_drop": CARRY_DROP,
             },
-            indent=1,
-        )
+            "seed": args.seed,
+            "bound": "sft_clean: supervised steps on correct labels for the same wall time",
+            "results": {
+                name: {
+                    "steps": steps,
+                    "pass_rate": res.pass_rate,
+                    "carry_pass_rate": res.carry_pass_rate,
+                    "gain_points": round(100 * (res.pass_rate - base.pass_rate), 2),
+                }
+                for name, (res, steps) in arms.items()
+            },
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

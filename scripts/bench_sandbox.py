@@ -27,10 +27,8 @@ Writes bench_results/bench_sandbox.json.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -45,6 +43,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -289,10 +288,9 @@ def kill_latency(runs: int, timeout: float, before: ModuleType | None, bwrap: bo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_sandbox")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--timeout", type=float, default=0.2)
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_sandbox.json"))
     args = ap.parse_args()
     console = Console(width=120)
     missing = capabilities().missing()
@@ -327,24 +325,20 @@ def main() -> None:
                 f"kill: {name}", peer, f"{r['p50_ms']:.1f} ms", f"{r['p99_ms']:.1f} ms", str(r["left_alive"])
             )
     console.print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_sandbox",
-                "workload": vars(args) | {"json": str(args.json), "programs": PROGRAMS, "seed": None},
-                "missing_isolation": missing,
-                "bound": "start-up: a bare `python -I -B main.py` of the same interpreter, same run; kill: "
-                "subprocess.run(timeout=...) on the same programs",
-                "goal": "start-up overhead <= 30 ms over the bound (p50); "
-                "kill latency within 10 ms p50 / 20 ms p99",
-                "startup": starts,
-                "kill": kills,
-            },
-            indent=1,
-        )
+    write(
+        args.json,
+        {
+            "benchmark": "bench_sandbox",
+            "workload": vars(args) | {"json": str(args.json), "programs": PROGRAMS, "seed": None},
+            "missing_isolation": missing,
+            "bound": "start-up: a bare `python -I -B main.py` of the same interpreter, same run; kill: "
+            "subprocess.run(timeout=...) on the same programs",
+            "goal": "start-up overhead <= 30 ms over the bound (p50); "
+            "kill latency within 10 ms p50 / 20 ms p99",
+            "startup": starts,
+            "kill": kills,
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -11,23 +11,20 @@ time for the default scenario (the simulator issue's goal). Writes bench_results
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
+
+from _bench import parser, table, write
 
 from rlsched.sim.rljob import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_sim")
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--instances", type=int, default=64)
     ap.add_argument("--workers", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_sim.json"))
     args = ap.parse_args()
     scenario = ScenarioConfig.model_validate(
         {
@@ -53,28 +50,35 @@ def main() -> None:
     run = simulate(scenario, args.seed)
     wall = time.perf_counter() - start
     samples = args.iterations * args.samples
-    print(
-        f"{samples:,} samples, {run.events:,} events in {wall:.1f} s: {run.events / wall:,.0f} events/s, "
-        f"{samples / wall:,.0f} samples/s; bound 60 s -> {wall / 60:.2f} of it"
+    table(
+        f"the simulator on {samples:,} samples (seed {args.seed})",
+        ["samples", "events", "wall s", "events/s", "samples/s", "of the 60 s bound"],
+        [
+            [
+                f"{samples:,}",
+                f"{run.events:,}",
+                f"{wall:.1f}",
+                f"{run.events / wall:,.0f}",
+                f"{samples / wall:,.0f}",
+                f"{wall / 60:.2f}",
+            ]
+        ],
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_sim",
-                "seed": args.seed,
-                "bound": "60 s wall for 1,000 x 1,024 samples",
-                "workload": vars(args) | {"out": str(args.out)},
-                "samples": samples,
-                "events": run.events,
-                "wall_s": round(wall, 2),
-                "events_per_s": round(run.events / wall),
-                "ratio_to_bound": round(wall / 60, 3),
-            },
-            indent=1,
-        )
+    write(
+        args.json,
+        {
+            "benchmark": "bench_sim",
+            "seed": args.seed,
+            "bound": "60 s wall for 1,000 x 1,024 samples",
+            "workload": vars(args) | {"json": str(args.json)},
+            "samples": samples,
+            "events": run.events,
+            "wall_s": round(wall, 2),
+            "events_per_s": round(run.events / wall),
+            "samples_per_s": round(samples / wall),
+            "ratio_to_bound": round(wall / 60, 3),
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ at most flush_s x tokens/s). Writes bench_results/bench_store.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -63,12 +62,10 @@ def run_once(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_store")
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=112)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_store.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     ckpt = load_checkpoint(None)
@@ -124,11 +121,7 @@ def main() -> None:
             risk,
         )
     console.print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"workload": vars(args) | {"json": str(args.json)}, "rows": rows, "runs": runs}, indent=2)
-    )
-    console.print(f"wrote {args.json}")
+    write(args.json, {"workload": vars(args) | {"json": str(args.json)}, "rows": rows, "runs": runs})
 
 
 if __name__ == "__main__":

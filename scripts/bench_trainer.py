@@ -16,7 +16,6 @@ fp32 and in BF16 on the same threads (the bound). Writes bench_results/bench_tra
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -77,7 +77,7 @@ def step_times(args: argparse.Namespace, precision: Precision, checkpointing: bo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_trainer")
     ap.add_argument("--checkpoint", type=Path, default=Path("models/smollm2-135m-instruct"))
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=48)
@@ -85,9 +85,7 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", nargs="+", default=["fp32", "bf16", "bf16+ckpt"])
-    ap.add_argument("--out", type=Path, default=Path("bench_results/bench_trainer.json"))
     args = ap.parse_args()
     if not (args.checkpoint / "config.json").is_file():
         print(
@@ -131,25 +129,27 @@ def main() -> None:
         f"matmul peak on {args.threads} threads: fp32 {peaks['fp32'] / 1e9:.0f}, "
         f"bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_trainer",
-                "workload": {"checkpoint": str(args.checkpoint), "params": params, "rows": args.rows,
-                             "prompt": args.prompt, "completion": args.completion, "tokens": tokens,
-                             "micro_batch_tokens": args.micro_batch_tokens},
-                "seed": args.seed,
-                "repeats": args.repeats,
-                "statistic": "median",
-                "machine": {"threads": args.threads, "platform": platform.platform()},
-                "bound": {"matmul_peak_flops": peaks, "model_flops": "6 x parameters x tokens"},
-                "results": rows,
+    write(
+        args.json,
+        {
+            "benchmark": "bench_trainer",
+            "workload": {
+                "checkpoint": str(args.checkpoint),
+                "params": params,
+                "rows": args.rows,
+                "prompt": args.prompt,
+                "completion": args.completion,
+                "tokens": tokens,
+                "micro_batch_tokens": args.micro_batch_tokens,
             },
-            indent=1,
-        )
-    )  # fmt: skip
-    print(f"wrote {args.out}")
+            "seed": args.seed,
+            "repeats": args.repeats,
+            "statistic": "median",
+            "machine": {"threads": args.threads, "platform": platform.platform()},
+            "bound": {"matmul_peak_flops": peaks, "model_flops": "6 x parameters x tokens"},
+            "results": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,11 @@ Ray pool.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -157,12 +156,10 @@ def measure(args: argparse.Namespace, shape: Any, arm: str, jobs: int) -> dict[s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_verify")
     ap.add_argument("--samples", type=int, default=10240)
     ap.add_argument("--workers", type=int, default=256)
     ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_verify.json"))
     args = ap.parse_args()
     console = Console(width=170)
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -205,25 +202,21 @@ def main() -> None:
                 f"{100 * r['misses']:.0f}%",
             )
     console.print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_verify",
-                "mode": "simulation",
-                "seed": args.seed,
-                "workload": vars(args) | {"json": str(args.json), "shapes": SHAPES},
-                "bound": "max(max_i(a_i + s_i), max_t t + sum_{a_i >= t} s_i / W, "
-                "max_{t,k} t + (k+1) x the (kW+1)-th longest arriving from t on), per batch",
-                "deadline": f"exposed tail <= {TAIL_BUDGET} x the batch's generation time",
-                "worker_cost": WORKER_COST,
-                "figures": "means over the warm iterations (2 on); exposed_cold_s is iteration 1",
-                "results": results,
-            },
-            indent=1,
-        )
+    write(
+        args.json,
+        {
+            "benchmark": "bench_verify",
+            "mode": "simulation",
+            "seed": args.seed,
+            "workload": vars(args) | {"json": str(args.json), "shapes": SHAPES},
+            "bound": "max(max_i(a_i + s_i), max_t t + sum_{a_i >= t} s_i / W, "
+            "max_{t,k} t + (k+1) x the (kW+1)-th longest arriving from t on), per batch",
+            "deadline": f"exposed tail <= {TAIL_BUDGET} x the batch's generation time",
+            "worker_cost": WORKER_COST,
+            "figures": "means over the warm iterations (2 on); exposed_cold_s is iteration 1",
+            "results": results,
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from _bench import parser, write
 from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
@@ -100,14 +101,12 @@ def measure(path: Path, arm: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_verify_ray")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument(
         "--prompts", type=int, default=36, help="problems in the task file, all asked every iteration"
     )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_verify_ray.json"))
     args = ap.parse_args()
     console = Console(width=140)
     torch.set_num_threads(1)
@@ -148,21 +147,17 @@ def main() -> None:
                 f"{r['busy_s']:.1f}",
             )
     console.print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_verify_ray",
-                "mode": "Ray",
-                "seed": args.seed,
-                "workload": vars(args) | {"json": str(args.json), "shapes": SHAPES, "cap_s": CAP_S},
-                "bound": "rlsched.policy.queueing.arrival_aware_bound per batch, measured",
-                "results": results,
-            },
-            indent=1,
-        )
+    write(
+        args.json,
+        {
+            "benchmark": "bench_verify_ray",
+            "mode": "Ray",
+            "seed": args.seed,
+            "workload": vars(args) | {"json": str(args.json), "shapes": SHAPES, "cap_s": CAP_S},
+            "bound": "rlsched.policy.queueing.arrival_aware_bound per batch, measured",
+            "results": results,
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,6 @@ Writes bench_results/bench_weights.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import socket
 import statistics
@@ -35,9 +33,9 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
+from _bench import parser, write
 from rich.console import Console
 from rich.table import Table
 
@@ -205,12 +203,10 @@ def run_unshaped_round(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "bench_weights")
     ap.add_argument("--mb", type=int, default=256, help="MiB of BF16 weights (at least 256 for the goal)")
     ap.add_argument("--repeats", type=int, default=7, help="rounds of the unshaped comparison")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--receivers", default="1,2,4,8", help="the shaped runs' receiver counts")
-    ap.add_argument("--json", type=Path, default=Path("bench_results/bench_weights.json"))
     args = ap.parse_args()
     console = Console(width=120)
     ctx = mp.get_context("spawn")
@@ -288,24 +284,20 @@ def main() -> None:
         "ratio: unshaped rows, throughput / raw socket (goal >= 0.80 for tcp); shaped rows, efficiency = "
         "bound / measured (goal >= 0.90); finish vs model: worst per-receiver error (goal within 10%)"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "workload": {"mib": args.mb, "nbytes": nbytes, "seed": args.seed, "repeats": args.repeats},
-                "unshaped": unshaped,
-                "tcp_vs_raw": unshaped["tcp"]["gbps"] / raw,
-                "tcp_vs_raw_median_of_rounds": statistics.median(
-                    t["gbps"] / r["gbps"] for t, r in zip(rounds["tcp"], rounds["raw"], strict=True)
-                ),
-                "grpc_vs_raw": unshaped["grpc"]["gbps"] / raw,
-                "shaped": shaped,
-                "goals": {"efficiency": 0.90, "finish_error": 0.10, "tcp_vs_raw": 0.80},
-            },
-            indent=2,
-        )
+    write(
+        args.json,
+        {
+            "workload": {"mib": args.mb, "nbytes": nbytes, "seed": args.seed, "repeats": args.repeats},
+            "unshaped": unshaped,
+            "tcp_vs_raw": unshaped["tcp"]["gbps"] / raw,
+            "tcp_vs_raw_median_of_rounds": statistics.median(
+                t["gbps"] / r["gbps"] for t, r in zip(rounds["tcp"], rounds["raw"], strict=True)
+            ),
+            "grpc_vs_raw": unshaped["grpc"]["gbps"] / raw,
+            "shaped": shaped,
+            "goals": {"efficiency": 0.90, "finish_error": 0.10, "tcp_vs_raw": 0.80},
+        },
     )
-    console.print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ Writes bench_results/validate_sim.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 
 import ray
 import torch
+from _bench import parser, write
 
 from actors.controller import run_silently
 from rlsched.config import load_config
@@ -67,10 +66,8 @@ def fit(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, "validate_sim")
     ap.add_argument("--iterations", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("bench_results/validate_sim.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = load_config(Path("configs/jobs/quickstart.yaml"), [f"run.seed={args.seed}"])
@@ -96,25 +93,21 @@ def main() -> None:
     print(f"measured median t_iter {measured:.3f} s (Ray, {len(counted)} iterations after a warm-up)")
     print(f"simulated median t_iter {predicted:.3f} s (model fitted from those spans)")
     print(f"relative error {100 * error:+.1f}% (goal: within 15%)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "validate_sim",
-                "workload": "configs/jobs/quickstart.yaml",
-                "seed": args.seed,
-                "iterations_counted": len(counted),
-                "bound": "measured median t_iter on Ray",
-                "measured_t_iter": measured,
-                "predicted_t_iter": predicted,
-                "relative_error": error,
-                "model": scenario.jobs[0].model_dump(mode="json", exclude={"generate_s", "verify_cpu_s"})
-                | {"pool": scenario.pool.model_dump()},
-            },
-            indent=1,
-        )
+    write(
+        args.json,
+        {
+            "benchmark": "validate_sim",
+            "workload": "configs/jobs/quickstart.yaml",
+            "seed": args.seed,
+            "iterations_counted": len(counted),
+            "bound": "measured median t_iter on Ray",
+            "measured_t_iter": measured,
+            "predicted_t_iter": predicted,
+            "relative_error": error,
+            "model": scenario.jobs[0].model_dump(mode="json", exclude={"generate_s", "verify_cpu_s"})
+            | {"pool": scenario.pool.model_dump()},
+        },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
