@@ -50,6 +50,7 @@ from rlsched.policy.verify import (
     TaskId,
     generation_order,
 )
+from rlsched.policy.versions import oldest_admissible
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.grpo import group_advantages
 from rlsched.rl.requests import group_requests, sampling_params
@@ -318,7 +319,7 @@ class JobController:
     ) -> tuple[list[TrainItem], dict[str, int]]:
         """Fully judged groups whose samples all come from an allowed version; advantages per group."""
         g = self.cfg.grpo.group_size
-        oldest = self.version - self.cfg.rollout.max_staleness
+        oldest = oldest_admissible(self.version, self.cfg.rollout.max_staleness)
         items: list[TrainItem] = []
         counts = {"faults": 0, "stale_dropped": 0}
         for start in range(0, len(requests), g):

@@ -45,6 +45,7 @@ from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.policy.resume import Restart, ResumeCost, resume_or_restart, reuse, truncate_group
+from rlsched.policy.versions import admissible
 from rlsched.store.partial import PartialStore, Saved
 
 _S = InstanceState
@@ -173,7 +174,7 @@ class Fleet:
 
     def admissible(self, version: int) -> bool:
         latest = self.latest.version if self.latest else 0
-        return version >= latest - self.cfg.rollout.max_staleness
+        return admissible(version, latest, self.cfg.rollout.max_staleness)
 
     def serving(self) -> list[Member]:
         return [m for m in self.members.values() if m.state is _S.READY and self.admissible(m.version)]

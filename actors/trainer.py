@@ -29,7 +29,7 @@ from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
 from rlsched.rl.grpo import LossStats
-from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy
+from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
 from rlsched.transfer.service import WeightService
 
 
@@ -84,10 +84,7 @@ class TrainerRank:
     def update(self, items: Sequence[TrainItem], token_count: float) -> tuple[LossStats, float, float]:
         """One GRPO step on this rank's shard; returns its stats and the span (start, end)."""
         start = time.monotonic()
-        warm = self.cfg.warmup_steps
-        scale = min(1.0, (self.step + 1) / warm) if warm else 1.0
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * scale
+        set_warmup_lr(self.optimizer, self.cfg, self.step)
         stats = grpo_update(
             self.policy,
             self.optimizer,

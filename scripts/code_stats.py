@@ -7,8 +7,10 @@ and where each runtime rule is written.
   (`rlsched/rl/loop.py`): the runtime and its second copies (issue 18 puts one state core under
   all three).
 - Longest functions: over `rlsched/`, `actors/`, `verifiers/` and `scripts/`, from the syntax tree.
-- Rule sites: the code lines (not comments, not strings) that read each rule's setting, a proxy for
-  the places the rule is written: a rule written once reads its setting in one core.
+- Rule sites: the code lines (not comments, not strings) that apply each rule (its arithmetic or
+  comparison, see RULES), the places the rule is written: a rule written once has one site.
+
+`--root DIR` measures another checkout (e.g. a worktree of an older commit) with this script.
 """
 
 from __future__ import annotations
@@ -28,16 +30,17 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 SIZED = ("actors/*.py", "rlsched/core/*.py", "rlsched/sim/*.py", "rlsched/rl/loop.py")
 SCANNED = ("rlsched", "actors", "verifiers", "scripts")
-# rule -> the setting (or call) every place that applies the rule reads
+# rule -> the expression that applies it, as code_lines() spells a line (tokens joined by spaces,
+# strings and comments left out): where the rule is written, not where its setting is passed on
 RULES = {
-    "staleness": r"\bmax_staleness\b",
-    "warmup": r"\bwarmup_steps\b",
-    "verification retries": r"\bverify_retries\b",
-    "heartbeat loss": r"\bheartbeat_timeout_s\b",
+    "staleness": r"- [\w. ]*max_staleness",  # latest - max_staleness
+    "warmup": r"step \+ 1 \) / warm",  # (step + 1) / warmup_steps
+    "verification retries": r"faults < [\w. ]*retries|attempt >= [\w. ]*verify_retries",
+    "heartbeat loss": r"last_heard > [\w. ]*heartbeat_timeout_s|silent >= [\w. ]*timeout_s",
     "verification timeouts": r"\bTimeoutTable\(|\badaptive_timeout\(",
-    "transient windows": r"\btransient\b",
-    "a job's demand": r"\bdef (?:demand|\w+_demand)\b|\bdemand\(",
-    "grace periods": r"\bgrace_s\b",
+    "transient windows": r"[+>=] [\w. ]*available_s|after\([\w. ]*available_s",
+    "a job's demand": r"(\{ :|\*) [\w. ]*cpus_per_(?:instance|worker|rank)",
+    "grace periods": r"\+ [\w. ]*grace_s",
 }
 
 
@@ -93,10 +96,13 @@ def rule_sites() -> dict[str, list[str]]:
 
 
 def main() -> None:
+    global ROOT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", type=Path, default=Path("bench_results/code_stats.json"))
+    ap.add_argument("--root", type=Path, default=None, help="the checkout to measure (default: this one)")
     args = ap.parse_args()
+    ROOT = (args.root or ROOT).resolve()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     report = {
         "commit": commit.stdout.strip() or None,

@@ -34,7 +34,7 @@ from rlsched.rl.grpo import LossStats, group_advantages
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
-from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy
+from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
 from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
 
@@ -179,10 +179,7 @@ class GRPOLoop:
         return loaded
 
     def _set_lr(self, step: int) -> None:
-        warm = self.cfg.grpo.warmup_steps
-        scale = min(1.0, (step + 1) / warm) if warm else 1.0
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.grpo.lr * scale
+        set_warmup_lr(self.optimizer, self.cfg.grpo, step)
 
     def step(self, step: int) -> StepRecord:
         phase: dict[str, float] = {}

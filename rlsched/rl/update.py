@@ -26,6 +26,16 @@ from rlsched.rl.batching import PackedBatch, micro_batches, pack, sequence_logpr
 from rlsched.rl.grpo import LossStats, grpo_loss
 
 
+def set_warmup_lr(optimizer: torch.optim.Optimizer, cfg: GRPOConfig, step: int) -> float:
+    """The learning rate of 0-based `step`: linear warm-up over `cfg.warmup_steps`, then `cfg.lr`
+    (the one schedule both the in-process loop and every Ray rank follow); set on every group."""
+    warm = cfg.warmup_steps
+    lr = cfg.lr * (min(1.0, (step + 1) / warm) if warm else 1.0)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 @dataclass(frozen=True)
 class TrainItem:
     prompt_ids: tuple[int, ...]
