@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 
 from actors.cluster import ClusterClient, JobStopped
 from actors.fleet import Fleet
 from actors.pool import VerifierPool, step
 from actors.trainer import PublishedVersion, TrainingGroup
 from rlsched.config import JobConfig
-from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, SamplingParams
+from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
 from rlsched.policy.estimate import RemainingTime
@@ -51,14 +50,14 @@ from rlsched.policy.verify import (
     generation_order,
 )
 from rlsched.policy.versions import oldest_admissible
-from rlsched.rl.evaluate import EvalResult
-from rlsched.rl.grpo import group_advantages
+from rlsched.rl.assemble import assemble
+from rlsched.rl.evaluate import EvalResult, eval_requests, score
 from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, verify_kind_key
 from rlsched.rl.update import TrainItem
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet, VerifierSpecError
-from verifiers.protocol import ExecutionFault, Outcome, Prepared, Verdict, VerifyRequest, run_verifier
+from verifiers.protocol import ExecutionFault, Outcome, Prepared, Verdict, VerifyRequest
 
 
 @dataclass
@@ -317,27 +316,11 @@ class JobController:
         samples: dict[RequestId, Sample],
         outcomes: dict[RequestId, Outcome],
     ) -> tuple[list[TrainItem], dict[str, int]]:
-        """Fully judged groups whose samples all come from an allowed version; advantages per group."""
-        g = self.cfg.grpo.group_size
+        """Fully judged groups whose samples all come from an allowed version (`rlsched.rl.assemble`)."""
         oldest = oldest_admissible(self.version, self.cfg.rollout.max_staleness)
-        items: list[TrainItem] = []
-        counts = {"faults": 0, "stale_dropped": 0}
-        for start in range(0, len(requests), g):
-            group = [r.request_id for r in requests[start : start + g]]
-            judged = [outcomes.get(r) for r in group]
-            if not all(isinstance(o, Verdict) for o in judged):
-                counts["faults"] += sum(isinstance(o, ExecutionFault) for o in judged)
-                continue
-            if any(samples[r].weight_version < oldest for r in group):
-                counts["stale_dropped"] += len(group)
-                continue
-            rewards = [o.reward for o in judged if isinstance(o, Verdict)]
-            adv = group_advantages(torch.tensor([rewards]))[0].tolist()
-            items.extend(
-                TrainItem(samples[r].prompt_ids, samples[r].token_ids, samples[r].logprobs, a)
-                for r, a in zip(group, adv, strict=True)
-            )
-        return items, counts
+        ids = [r.request_id for r in requests]
+        batch = assemble(ids, samples, outcomes, self.cfg.grpo.group_size, oldest)
+        return batch.items, {"faults": batch.faults, "stale_dropped": batch.stale_dropped}
 
     def update(self, iteration: int, items: list[TrainItem]) -> float:
         stats, start, end = self.group.update(items)
@@ -430,31 +413,13 @@ class JobController:
     # -- evaluation and shutdown -----------------------------------------------------------------
 
     def evaluate(self, problems: tuple[TaskProblem, ...] | list[TaskProblem]) -> EvalResult:
-        params = SamplingParams(
-            temperature=0.0,
-            max_tokens=self.cfg.sampling.max_tokens,
-            stop_token_ids=self.template.stop_token_ids,
+        """`rlsched.rl.evaluate`'s requests, spread over the serving instances, scored alike."""
+        requests = eval_requests(
+            self.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
         )
-        prompts = self.tokenizer.encode_batch([p.prompt(self.template) for p in problems])
-        requests = [GenerationRequest(RequestId(str(i)), tuple(ids), params) for i, ids in enumerate(prompts)]
         handles = [m.handle for m in self.fleet.serving()]
         refs = [h.complete.remote(requests[i :: len(handles)]) for i, h in enumerate(handles)]
-        correct: dict[int, bool] = {}
-        for batch in ray.get(refs):
-            for s in batch:
-                i = int(s.request_id)
-                out = run_verifier(
-                    self.verifiers.get(problems[i].verifier),
-                    VerifyRequest(s.request_id, s.text, problems[i].answer),
-                )
-                correct[i] = isinstance(out, Verdict) and out.correct
-        carry = [i for i, p in enumerate(problems) if p.has_carry()]
-        return EvalResult(
-            sum(correct.values()) / len(problems),
-            sum(correct.values()),
-            len(problems),
-            sum(correct[i] for i in carry) / max(len(carry), 1),
-        )
+        return score(problems, (s for batch in ray.get(refs) for s in batch), self.verifiers)
 
     def shutdown(self) -> None:
         self.fleet.shutdown()

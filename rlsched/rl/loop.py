@@ -29,14 +29,15 @@ from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, Weight
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
+from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, evaluate
-from rlsched.rl.grpo import LossStats, group_advantages
+from rlsched.rl.grpo import LossStats
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
 from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
 from verifiers.loading import VerifierSet
-from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
+from verifiers.protocol import Outcome, Verdict, Verifier, VerifyRequest
 
 
 @dataclass
@@ -139,32 +140,7 @@ class GRPOLoop:
             outcomes[sample.request_id] = self.verify(sample, references[sample.request_id])
         return samples, outcomes
 
-    def assemble(
-        self, requests: list[RequestId], samples: dict[RequestId, Sample], outcomes: dict[RequestId, Outcome]
-    ) -> tuple[list[Sample], torch.Tensor, int]:
-        """Samples and advantages of every group whose members were all judged."""
-        g = self.cfg.grpo.group_size
-        kept: list[Sample] = []
-        rewards: list[list[float]] = []
-        faults = 0
-        for start in range(0, len(requests), g):
-            group = requests[start : start + g]
-            judged = [outcomes[r] for r in group]
-            if not all(isinstance(o, Verdict) for o in judged):
-                faults += sum(isinstance(o, ExecutionFault) for o in judged)
-                continue  # a group with an unjudged member is left out whole, never scored zero
-            kept.extend(samples[r] for r in group)
-            rewards.append([o.reward for o in judged if isinstance(o, Verdict)])
-        if not rewards:
-            return [], torch.zeros(0), faults
-        adv = group_advantages(torch.tensor(rewards)).flatten()
-        return kept, adv, faults
-
-    def update(self, samples: list[Sample], advantages: torch.Tensor) -> LossStats:
-        items = [
-            TrainItem(s.prompt_ids, s.token_ids, s.logprobs, float(a))
-            for s, a in zip(samples, advantages.tolist(), strict=True)
-        ]
+    def update(self, items: list[TrainItem]) -> LossStats:
         return grpo_update(
             self.policy, self.optimizer, items, self.cfg.grpo, options=self.options, reference=self.reference
         )
@@ -196,9 +172,9 @@ class GRPOLoop:
         samples, outcomes = self.generate_and_verify(requests, references)
         phase["generate_verify"] = time.monotonic() - t
         t = time.monotonic()
-        kept, adv, faults = self.assemble([r.request_id for r in requests], samples, outcomes)
+        batch = assemble([r.request_id for r in requests], samples, outcomes, self.cfg.grpo.group_size)
         self._set_lr(step)
-        stats = self.update(kept, adv) if kept else LossStats(0.0, 0.0, 0.0, 1.0)
+        stats = self.update(batch.items) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)
         phase["update"] = time.monotonic() - t
         t = time.monotonic()
         self.publish()
@@ -211,7 +187,7 @@ class GRPOLoop:
             phase_s={k: round(v, 3) for k, v in phase.items()},
             loss=stats.loss,
             clip_fraction=stats.clip_fraction,
-            faults=faults,
+            faults=batch.faults,
         )
 
     # -- the run -----------------------------------------------------------------------------
