@@ -396,7 +396,9 @@ def test_simulate_a_cluster_scenario_compares_its_variants() -> None:
     results = summary["results"]
     assert list(results)[:2] == ["gangs only", "gangs + borrowers (drf)"]
     alone, shared = results["gangs only"], results["gangs + borrowers (drf)"]
-    assert shared["allocation"] > alone["allocation"] and alone["unfinished"] == shared["unfinished"] == 0
+    assert shared["allocation"] > alone["allocation"] and alone["unfinished"] == 0
+    # a borrower evicted for a gang ends, as on the runtime (requeueing is the durability work's)
+    assert 0 < shared["unfinished"] <= shared["preemptions"]
     assert summary["max_wait_s"]["training"] == 43200 and "batch_wait_mean_s" not in alone
     assert all(0.0 <= x <= 1.0 + 1e-9 for x in shared["allocation_series"])
     table = rlsched("simulate", "configs/scenarios/cluster.yaml", "--set", "hours=2", "--set", "seeds=1")
