@@ -324,8 +324,7 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         program = args.file.read_text()
     except ValueError as err:
         raise UserError(f"sandbox run: {err} (--timeout and --memory must be positive)") from None
-    pairs = tuple((p.split(":", 1)[0], p.split(":", 1)[-1]) for p in args.read_only)
-    policy = SandboxPolicy(Isolation(args.isolation) if args.isolation else None, pairs)
+    policy = SandboxPolicy.from_specs(Isolation(args.isolation) if args.isolation else None, args.read_only)
     if (problem := policy.check()) is not None:
         raise UserError(f"sandbox run: {problem} (--read-only)")
     result = run_sandboxed(program, limits, policy)

@@ -373,8 +373,7 @@ class SandboxConfig(Section):
     )
 
     def policy(self) -> SandboxPolicy:
-        pairs = tuple(tuple(p.split(":", 1)) if ":" in p else (p, p) for p in self.read_only)
-        return SandboxPolicy(self.isolation, pairs)  # type: ignore[arg-type]
+        return SandboxPolicy.from_specs(self.isolation, self.read_only)
 
     @model_validator(mode="after")
     def _paths(self) -> SandboxConfig:

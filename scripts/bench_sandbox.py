@@ -110,9 +110,10 @@ def load_before() -> ModuleType | None:
     sys.modules["sandbox_before"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     # the same interpreter flags as every other peer (it ran `-I -B`)
-    module._LAUNCHER = module._LAUNCHER.replace(
-        '[python, "-I", "-B", "main.py"]', '[python, "-I", "-S", "-B", "main.py"]'
-    )
+    flags = '[python, "-I", "-B", "main.py"]'
+    if flags not in module._LAUNCHER:
+        raise RuntimeError(f"the sandbox at {BEFORE} no longer starts its program with {flags}: update this")
+    module._LAUNCHER = module._LAUNCHER.replace(flags, '[python, "-I", "-S", "-B", "main.py"]')
     return module
 
 

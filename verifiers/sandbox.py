@@ -38,6 +38,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from functools import cache
@@ -92,6 +93,13 @@ class SandboxLimits:
 class SandboxPolicy:
     isolation: Isolation | None = None  # None: strict where the machine allows it, else best effort
     read_only: tuple[tuple[str, str], ...] = ()  # extra (host path, path inside) bound read-only
+
+    @classmethod
+    def from_specs(cls, isolation: Isolation | None, specs: Sequence[str]) -> SandboxPolicy:
+        """From `HOST[:INSIDE]` specs (the config's `read_only`, the CLI's `--read-only`): a path
+        alone is bound at the same path inside."""
+        pairs = tuple((host, inside or host) for host, _, inside in (spec.partition(":") for spec in specs))
+        return cls(isolation, pairs)
 
     def check(self) -> str | None:
         """Why this policy cannot be applied (a message naming the fix), or None."""
