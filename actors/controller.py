@@ -33,6 +33,7 @@ import ray
 
 from actors.cluster import ClusterClient, JobStopped
 from actors.fleet import Fleet
+from actors.interrupt import ctrl_c
 from actors.pool import VerifierPool, step
 from actors.trainer import PublishedVersion, TrainingGroup
 from rlsched.config import JobConfig
@@ -161,6 +162,7 @@ class JobController:
         pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
         warned = False
         while fleet.generating or self._held or not all(p.idle for p in pools):
+            ctrl_c.check()  # a Ctrl-C swallowed where it landed stops the job here
             self._poll_inbox()
             fleet.tick()
             if self._held and not fleet.generating:  # the sequential baseline: the whole batch at once

@@ -20,6 +20,7 @@ import ray
 
 from actors.cluster import ClusterClient, JobStopped, find_scheduler, job_spec
 from actors.controller import IterationRecord, JobController, commit_record, store_path
+from actors.interrupt import ctrl_c
 from actors.scale import open_inbox
 from rlsched.config import EngineKind, JobConfig
 from rlsched.errors import UserError
@@ -201,6 +202,7 @@ def run_job(
     controller: JobController | None = None
     client: ClusterClient | None = None
     preempted = False
+    ctrl_c.__enter__()
     try:
         client = register(cfg, out_dir.name, queue, priority, log)
         groups = client.wait_admitted(log) if client is not None else []
@@ -222,6 +224,7 @@ def run_job(
             log(f"policy saved at {out_dir / 'checkpoint'}; set model.checkpoint to it to continue")
         raise
     finally:
+        ctrl_c.__exit__(None, None, None)
         if controller is not None:
             controller.shutdown()
         if client is not None:
@@ -243,6 +246,7 @@ def _iterate(
     t_train = time.monotonic()
     try:
         for it in range(1, cfg.grpo.steps + 1):
+            ctrl_c.check()
             if time.monotonic() - t_train > cfg.grpo.time_budget_s:
                 log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
                 break
