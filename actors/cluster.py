@@ -129,7 +129,7 @@ class Scheduler:
     def _feed(self, event: Event) -> list[Effect]:
         effects = self.core.handle(event)
         if self.trace is not None:
-            self.trace.steps.append((event, effects))
+            self.trace.add(event, effects)
         self._apply(effects)
         return effects
 

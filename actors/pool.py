@@ -28,6 +28,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
 import ray
@@ -35,7 +36,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.verifier import Heartbeat, Stage, VerifierWorker
 from rlsched.config import VerifierConfig
-from rlsched.core.verify_pool import (
+from rlsched.core.verify_pool import PoolTrace, VerifyPoolCore
+from rlsched.core.verify_pool_io import (
     AskHeartbeat,
     Effect,
     Event,
@@ -54,8 +56,6 @@ from rlsched.core.verify_pool import (
     StopWorker,
     Submitted,
     Tick,
-    Trace,
-    VerifyPoolCore,
     WorkerExited,
     WorkerUp,
 )
@@ -104,11 +104,17 @@ class _Worker:
             _await_exit(self.pid)
 
 
+class _For(StrEnum):
+    """What an outstanding Ray call is for."""
+
+    UP = "up"  # a started worker's first answer
+    RUN = "run"  # a verification
+    BEAT = "beat"  # a heartbeat
+
+
 @dataclass(frozen=True)
 class _Call:
-    """What an outstanding Ray call is for: a worker's first answer, a run, or a heartbeat."""
-
-    what: str  # "up", "run" or "beat"
+    what: _For
     worker: WorkerId
     task_id: str = ""
     attempt: int = 0
@@ -157,7 +163,7 @@ class VerifierPool:
         self.requests: dict[TaskId, tuple[VerifyRequest, str | None, int]] = {}  # request, kind, iteration
         self.payloads: dict[TaskId, bytes] = {}  # the GPU stage's input, from the CPU stage
         self.outcomes: dict[TaskId, Outcome] = {}
-        self.trace: Trace | None = None
+        self.trace: PoolTrace | None = None
         self._node = ray.get_runtime_context().get_node_id()
         self._apply(self.core.start())
 
@@ -165,9 +171,9 @@ class VerifierPool:
     def counts(self) -> PoolCounts:
         return self.core.counts
 
-    def record(self) -> Trace:
+    def record(self) -> PoolTrace:
         """From now on, keep every event fed to the core and the effects it returned."""
-        self.trace = Trace.begin(self.core)
+        self.trace = PoolTrace.begin(self.core)
         return self.trace
 
     # -- events in ---------------------------------------------------------------------------------
@@ -175,7 +181,7 @@ class VerifierPool:
     def _feed(self, event: Event) -> None:
         effects = self.core.handle(event)
         if self.trace is not None:
-            self.trace.steps.append((event, effects))
+            self.trace.add(event, effects)
         self._apply(effects)
 
     def submit(
@@ -212,28 +218,28 @@ class VerifierPool:
         try:
             answer = ray.get(ref)
         except ray.exceptions.RayActorError as err:  # the process has ended: observed now
-            if call.what == "run" and worker is not None:
+            if call.what is _For.RUN and worker is not None:
                 self._ended(call.worker)
                 self._feed(WorkerExited(self.clock(), call.worker, type(err).__name__))
-            elif call.what == "up":
+            elif call.what is _For.UP:
                 self.workers.pop(call.worker, None)
                 self._feed(WorkerExited(self.clock(), call.worker, str(err)))
             return  # a heartbeat's failure: the run's own call reports the death
         except ray.exceptions.RayError as err:  # the call failed, the worker lives on
-            if call.what == "up":
+            if call.what is _For.UP:
                 self.workers.pop(call.worker, None)
                 self._feed(WorkerExited(self.clock(), call.worker, str(err)))
-            elif call.what == "run":
+            elif call.what is _For.RUN:
                 now = self.clock()
                 fault = ExecutionFault(call.task_id, FaultKind.CRASH, repr(err), call.attempt)
                 self._feed(RunFinished(now, TaskId(call.task_id), call.attempt, fault, now, now))
             return
-        if call.what == "up":
+        if call.what is _For.UP:
             beat: Heartbeat = answer
             if worker is not None:
                 worker.pid = beat.pid if beat.node_id == self._node else None
             self._feed(WorkerUp(self.clock(), call.worker))
-        elif call.what == "run":
+        elif call.what is _For.RUN:
             outcome, w_start, w_end = answer
             if worker is not None and worker.stopped:  # it answered just before the kill landed
                 self._ended(call.worker)
@@ -263,7 +269,7 @@ class VerifierPool:
                     ray.kill(self.workers.pop(effect.worker).handle)
                 case AskHeartbeat():
                     ref = self.workers[effect.worker].handle.heartbeat.remote()
-                    self.calls[ref] = _Call("beat", effect.worker)
+                    self.calls[ref] = _Call(_For.BEAT, effect.worker)
                 case RunEnded():
                     self._span(effect)
                 case Settled():
@@ -285,7 +291,7 @@ class VerifierPool:
             wid, self.cfg.kind, self.cfg.delay_s, self.cfg.sandbox.policy()
         )
         self.workers[wid] = _Worker(handle)
-        self.calls[handle.heartbeat.remote()] = _Call("up", wid)
+        self.calls[handle.heartbeat.remote()] = _Call(_For.UP, wid)
 
     def _start_run(self, effect: StartRun) -> None:
         task = effect.task
@@ -294,7 +300,7 @@ class VerifierPool:
         ref = self.workers[effect.worker].handle.verify.remote(
             replace(request, attempt=task.attempt), kind, self.stage, payload
         )
-        self.calls[ref] = _Call("run", effect.worker, task.task_id, task.attempt)
+        self.calls[ref] = _Call(_For.RUN, effect.worker, task.task_id, task.attempt)
 
     def _hand_on(self, effect: HandedOn) -> None:
         """A two-stage verifier's CPU stage is done: its GPU stage takes it from here."""
@@ -330,7 +336,7 @@ class VerifierPool:
         """Block until every starting worker has answered (benchmarks and tests start the clock
         after this; the controller just dispatches to workers as they come up)."""
         give_up = self.clock() + timeout_s
-        while starting := [ref for ref, call in self.calls.items() if call.what == "up"]:
+        while starting := [ref for ref, call in self.calls.items() if call.what is _For.UP]:
             if self.clock() > give_up:
                 raise TimeoutError(f"{len(starting)} verifier worker(s) did not start in {timeout_s:g} s")
             ready, _ = ray.wait(starting, num_returns=len(starting), timeout=1.0)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from rlsched.config import Section, load_tree
+from rlsched.config_load import Section, load_tree
 from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams
 
 

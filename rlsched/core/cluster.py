@@ -21,11 +21,11 @@ The job lifecycle is `JobState` (`rlsched.policy.lifecycle`); every move is chec
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
+from rlsched.core.trace import Trace
 from rlsched.policy.admission import admit, decay_usage
 from rlsched.policy.cluster_model import (
     AdmissionParams,
@@ -521,13 +521,4 @@ class ClusterCore:
         job.gangs = []
 
 
-@dataclass
-class ClusterTrace:
-    """A copy of the core when recording began, then each event with the effects it returned."""
-
-    initial: ClusterCore
-    steps: list[tuple[Event, list[Effect]]] = field(default_factory=list)
-
-    @classmethod
-    def begin(cls, core: ClusterCore) -> ClusterTrace:
-        return cls(copy.deepcopy(core))
+ClusterTrace = Trace[ClusterCore, Event, Effect]  # what `actors.cluster.Scheduler.record` keeps

@@ -29,15 +29,38 @@ one is due, so a driver knows when to send the next `Tick`. Lifecycles: `SlotSta
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import islice
 from typing import Any
 
+from rlsched.core.trace import Trace
+from rlsched.core.verify_pool_io import (
+    AskHeartbeat,
+    Effect,
+    Event,
+    HandedOn,
+    HeartbeatAnswered,
+    Heartbeats,
+    Note,
+    PoolCounts,
+    PoolParams,
+    ReleaseWorker,
+    RunEnded,
+    RunFinished,
+    Settled,
+    StartRun,
+    StartWorker,
+    StopReason,
+    StopWorker,
+    Submitted,
+    Tick,
+    WorkerExited,
+    WorkerUp,
+)
 from rlsched.policy.dispatch_queue import DispatchQueue
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.lifecycle import (
@@ -48,7 +71,7 @@ from rlsched.policy.lifecycle import (
     slot_transition,
     verify_transition,
 )
-from rlsched.policy.timeouts import TimeoutParams, TimeoutTable
+from rlsched.policy.timeouts import TimeoutTable
 from rlsched.policy.verify import (
     BatchId,
     BatchState,
@@ -58,7 +81,6 @@ from rlsched.policy.verify import (
     Preempt,
     RunningVerification,
     TaskId,
-    VerifyParams,
     VerifySnapshot,
     WorkerId,
     WorkerSlot,
@@ -66,188 +88,6 @@ from rlsched.policy.verify import (
     decide,
 )
 from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Prepared, Verdict
-
-# -- configuration ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Heartbeats:
-    every_s: float = 2.0  # how often a busy worker is asked how it is doing
-    timeout_s: float = 10.0  # silent this long: lost, and killed
-
-
-@dataclass(frozen=True)
-class Scaling:
-    """`advise_pool` every `interval_s` (distrs): the pool's size over time, up to `max_workers`."""
-
-    max_workers: int
-    interval_s: float = 1.0
-    worker_cost: float = 1.0  # one worker-second against one idle device-second of a training group
-
-
-@dataclass(frozen=True)
-class PoolParams:
-    verify: VerifyParams = field(default_factory=VerifyParams)
-    workers: int = 2
-    retries: int = 0  # retries of a retryable execution fault, per task
-    timeouts: TimeoutParams = field(default_factory=TimeoutParams)
-    heartbeats: Heartbeats | None = None  # None: workers are never asked (the simulator's never fall silent)
-    scaling: Scaling | None = None
-    learn: bool = True  # feed the estimator (off where nothing reads it: fifo without scaling)
-    name: str = "verifier"  # workers are named `{name}-{n}`
-
-
-# -- events (what happened) and effects (what to do) ------------------------------------------------
-# Values, never changed once made; not frozen only because a frozen dataclass costs three times as
-# much to build, and the simulator builds several per sample.
-
-
-@dataclass(slots=True)
-class Submitted:
-    """Samples ready to verify, queued together (then offered to free workers once)."""
-
-    at: float
-    tasks: tuple[PendingVerification, ...]
-
-
-@dataclass(slots=True)
-class WorkerUp:
-    """A started worker answered its first call: it may take work."""
-
-    at: float
-    worker: WorkerId
-
-
-@dataclass(slots=True)
-class WorkerExited:
-    """A worker's process has ended, observed now: it was killed, died on its own, or never started."""
-
-    at: float
-    worker: WorkerId
-    error: str = ""
-
-
-@dataclass(slots=True)
-class RunFinished:
-    """A run's call returned: its outcome and when the worker itself started and ended it. A call
-    that failed with the worker still alive is reported as a CRASH fault by the driver."""
-
-    at: float
-    task_id: TaskId
-    attempt: int
-    outcome: Outcome | Prepared
-    w_start: float
-    w_end: float
-
-
-@dataclass(slots=True)
-class HeartbeatAnswered:
-    at: float
-    worker: WorkerId
-
-
-@dataclass(slots=True)
-class Tick:
-    """Time has passed: due timers fire. `batches`, when given, replaces what the pool knows of the
-    batches its work belongs to (what their training groups still wait for)."""
-
-    at: float
-    batches: tuple[BatchState, ...] | None = None
-
-
-Event = Submitted | WorkerUp | WorkerExited | RunFinished | HeartbeatAnswered | Tick
-
-
-class StopReason(StrEnum):
-    TIMEOUT = "timeout"
-    LOST = "lost"
-    PREEMPTED = "preempted"
-
-
-@dataclass(slots=True)
-class StartWorker:
-    worker: WorkerId
-
-
-@dataclass(slots=True)
-class ReleaseWorker:
-    """An idle worker the pool no longer needs (scaling down): end it; no replacement follows."""
-
-    worker: WorkerId
-
-
-@dataclass(slots=True)
-class StartRun:
-    """Verify `task` on `worker`; `gang`'s workers are held idle for it (their cores are its own)."""
-
-    task: PendingVerification
-    worker: WorkerId
-    gang: tuple[WorkerId, ...]
-    timeout_s: float
-
-
-@dataclass(slots=True)
-class StopWorker:
-    """Kill the worker; its exit is to be reported as `WorkerExited`."""
-
-    worker: WorkerId
-    reason: StopReason
-
-
-@dataclass(slots=True)
-class AskHeartbeat:
-    worker: WorkerId
-
-
-@dataclass(slots=True)
-class RunEnded:
-    """One run is over (for the driver's span): `outcome` names what ended it."""
-
-    task: PendingVerification
-    worker: WorkerId
-    gang: tuple[WorkerId, ...]
-    dispatched: float
-    at: float
-    w_start: float
-    outcome: str
-    free_at_arrival: bool
-
-
-@dataclass(slots=True)
-class Settled:
-    task_id: TaskId
-    outcome: Outcome
-
-
-@dataclass(slots=True)
-class HandedOn:
-    """The CPU stage prepared it: the GPU stage takes `task` (arriving now, attempt 0)."""
-
-    task: PendingVerification
-    prepared: Prepared
-
-
-@dataclass(slots=True)
-class Note:
-    """A line for the operator's log."""
-
-    message: str
-
-
-Effect = (
-    StartWorker | ReleaseWorker | StartRun | StopWorker | AskHeartbeat | RunEnded | Settled | HandedOn | Note
-)
-
-
-@dataclass
-class PoolCounts:
-    timeouts: int = 0  # runs stopped at their timeout
-    lost: int = 0  # workers declared lost for want of a heartbeat
-    died: int = 0  # workers whose process ended on its own mid-verification
-    replaced: int = 0  # fresh workers started in a stopped or dead one's place
-    requeued: int = 0  # verifications put back in the queue after their worker ended
-    preempted: int = 0  # runs stopped for more urgent work (requeued, rerun from the start)
-
 
 # -- state -----------------------------------------------------------------------------------------
 
@@ -311,6 +151,7 @@ class VerifyPoolCore:
         self.slots: dict[WorkerId, _Slot] = {}
         self.free: dict[WorkerId, None] = {}  # IDLE workers, in the order they became idle
         self.runs: dict[TaskId, _Run] = {}
+        self.on_worker: dict[WorkerId, TaskId] = {}  # each run's worker (not its gang's held ones)
         self.batches: dict[BatchId, BatchState] = {}
         self.counts = PoolCounts()
         self.books = _Books()
@@ -440,10 +281,12 @@ class VerifyPoolCore:
         self.counts.replaced += 1
 
     def _run_on(self, worker: WorkerId) -> _Run | None:
-        for run in self.runs.values():
-            if run.worker == worker:
-                return run
-        return None
+        task_id = self.on_worker.get(worker)
+        return None if task_id is None else self.runs[task_id]
+
+    def _drop(self, run: _Run) -> None:
+        del self.runs[run.task.task_id]
+        del self.on_worker[run.worker]
 
     def _stop(self, run: _Run, reason: StopReason) -> None:
         slot = self.slots[run.worker]
@@ -542,6 +385,7 @@ class VerifyPoolCore:
         key = f"{task.kind}/{task.key}"
         timeout = self.timeouts.timeout(key)
         run = self.runs[task.task_id] = _Run(task, worker, gang, at, timeout, key)
+        self.on_worker[worker] = task.task_id
         run.to(VerifyState.RUNNING)
         self._out.append(StartRun(task, worker, gang, timeout))
         heapq.heappush(self._timers, (at + timeout, next(self._seq), _Timer.TIMEOUT, run))
@@ -550,15 +394,11 @@ class VerifyPoolCore:
 
     # -- results -----------------------------------------------------------------------------------
 
-    def _current(self, task_id: TaskId, attempt: int) -> _Run | None:
-        run = self.runs.get(task_id)
-        return run if run is not None and run.task.attempt == attempt else None
-
     def _run_finished(self, event: RunFinished) -> None:
         run = self.runs.get(event.task_id)
         if run is None or run.task.attempt != event.attempt:
             return  # idempotent: a superseded attempt, or a settled task
-        del self.runs[event.task_id]
+        self._drop(run)
         slot = self.slots[run.worker]
         if slot.state is SlotState.STOPPING:  # it answered just before the kill
             self._replace(run.worker, event.at)
@@ -587,7 +427,7 @@ class VerifyPoolCore:
         """The run's worker is gone: a preempted run is requeued; otherwise the run failed."""
         task, now = run.task, event.at
         elapsed = now - run.dispatched
-        del self.runs[task.task_id]
+        self._drop(run)
         self._release_gang(run, now)
         if self.params.learn:
             self.estimator.observe(task.kind, task.key, elapsed, censored=True, run_id=task.task_id)
@@ -635,8 +475,7 @@ class VerifyPoolCore:
             self._requeue(run)
             return
         run.to(VerifyState.SETTLED)
-        self.books.faults.pop(task.task_id, None)
-        self.books.free_at_arrival.pop(task.task_id, None)
+        self.books.forget(task.task_id)
         self._out.append(Settled(task.task_id, outcome))
 
     def _ended(self, run: _Run, at: float, w_start: float, outcome: str) -> None:
@@ -729,42 +568,4 @@ class VerifyPoolCore:
         self._timer(now + scaling.interval_s, _Timer.SCALE, None)
 
 
-@dataclass
-class Trace:
-    """A record of a core's life: a copy of it when recording began, then each event fed to it with
-    the effects it returned. Replaying the events through a copy of `initial` gives `steps`' effects
-    again when the core depends on nothing but its events (`rlsched.sim.replay`)."""
-
-    initial: VerifyPoolCore
-    steps: list[tuple[Event, list[Effect]]] = field(default_factory=list)
-
-    @classmethod
-    def begin(cls, core: VerifyPoolCore) -> Trace:
-        return cls(copy.deepcopy(core))
-
-    @property
-    def decisions(self) -> list[str]:
-        return [line for event, effects in self.steps for line in render(effects, event.at)]
-
-
-def render(effects: Sequence[Effect], at: float) -> list[str]:
-    """The decision log's lines for `effects` decided at `at` (notes and spans are not decisions)."""
-    lines = []
-    for e in effects:
-        match e:
-            case StartRun():
-                lines.append(dispatch_line(e, at))
-            case StopWorker():
-                lines.append(f"{at:.9f} stop {e.worker}: {e.reason}")
-            case StartWorker() | ReleaseWorker():
-                lines.append(f"{at:.9f} {type(e).__name__} {e.worker}")
-            case Settled():
-                lines.append(f"{at:.9f} settled {e.task_id}: {type(e.outcome).__name__}")
-            case HandedOn():
-                lines.append(f"{at:.9f} handed on {e.task.task_id}")
-    return lines
-
-
-def dispatch_line(e: StartRun, at: float) -> str:
-    gang = f" + {', '.join(e.gang)}" if e.gang else ""
-    return f"{at:.9f} dispatch {e.task.task_id}#{e.task.attempt} -> {e.worker}{gang}"
+PoolTrace = Trace[VerifyPoolCore, Event, Effect]  # what `actors.pool.VerifierPool.record` keeps

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from rlsched.config import VerifierConfig
-from rlsched.core.verify_pool import (
+from rlsched.core.verify_pool import VerifyPoolCore
+from rlsched.core.verify_pool_io import (
     Effect,
     Event,
     PoolParams,
@@ -27,7 +28,6 @@ from rlsched.core.verify_pool import (
     StartRun,
     StartWorker,
     Submitted,
-    VerifyPoolCore,
     WorkerUp,
 )
 from rlsched.policy.verify import PendingVerification, TaskId, VerifyParams

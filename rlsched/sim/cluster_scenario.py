@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rlsched.admin import AdminConfig, FairnessPolicy, admission_params, load_admin
-from rlsched.config import Section, load_tree
+from rlsched.config_load import Section, load_tree
 from rlsched.errors import UserError
 from rlsched.policy.cluster_model import PendingJob
 from rlsched.policy.placement import Gang, Node

@@ -31,7 +31,8 @@ from functools import partial
 
 import numpy as np
 
-from rlsched.core.verify_pool import (
+from rlsched.core.verify_pool import VerifyPoolCore
+from rlsched.core.verify_pool_io import (
     Effect,
     Event,
     HandedOn,
@@ -46,7 +47,6 @@ from rlsched.core.verify_pool import (
     StopWorker,
     Submitted,
     Tick,
-    VerifyPoolCore,
     WorkerExited,
     WorkerUp,
     dispatch_line,

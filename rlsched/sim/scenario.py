@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from rlsched.config import Section, TimeoutConfig, load_tree
+from rlsched.config import TimeoutConfig
+from rlsched.config_load import Section, load_tree
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from rlsched.core.verify_pool import (
+from rlsched.core.verify_pool import VerifyPoolCore
+from rlsched.core.verify_pool_io import (
     AskHeartbeat,
     Effect,
     HandedOn,
@@ -26,7 +27,6 @@ from rlsched.core.verify_pool import (
     StopWorker,
     Submitted,
     Tick,
-    VerifyPoolCore,
     WorkerExited,
     WorkerUp,
 )
