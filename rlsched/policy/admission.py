@@ -48,9 +48,7 @@ from rlsched.policy.cluster_model import (
     ClusterSnapshot,
     Decision,
     Evict,
-    Grow,
     PendingJob,
-    QueueParams,
     RunningJob,
     Wait,
     capacity_of,
@@ -61,19 +59,16 @@ from rlsched.policy.cluster_model import (
     quota_check,
     usage_by_queue,
 )
+from rlsched.policy.cluster_place import place_all, place_elastic
 from rlsched.policy.placement import (
-    Gang,
     Node,
     Placement,
     Resources,
     Strategy,
-    Unplaceable,
     add,
-    fits,
     minus,
-    place,
-    why_not,
 )
+from rlsched.policy.victims import Candidate, choose_victims, grow
 
 # -- order ------------------------------------------------------------------------------------------
 
@@ -120,43 +115,6 @@ def order(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
 # -- placement ----------------------------------------------------------------------------------------
 
 
-def place_all(
-    job: PendingJob,
-    nodes: Sequence[Node],
-    free: Mapping[str, Resources],
-    params: AdmissionParams,
-    keep: Resources | None = None,
-    able_by_kind: dict[frozenset[str], list[Node]] | None = None,
-) -> tuple[list[Placement], dict[str, Resources]] | str:
-    """Every gang placed in turn on what the earlier ones left, or the first blocker in words; with
-    `keep`, only if that much still fits on one node afterwards (the reserve). `able_by_kind`
-    remembers, within one admission cycle, which nodes have each set of resources."""
-    left = dict(free)  # shallow: entries are replaced, never mutated
-    placements = []
-    for gang in job.gangs:
-        # only nodes that have every resource each bundle asks for can take any of them
-        common = frozenset.intersection(*(frozenset(k for k, v in b.items() if v > 0) for b in gang.bundles))
-        able = None if able_by_kind is None else able_by_kind.get(common)
-        if able is None:
-            able = [n for n in nodes if all(n.capacity.get(k, 0.0) > 0 for k in common)]
-            if able_by_kind is not None:
-                able_by_kind[common] = able
-        got = place(gang, able, left, params.device_types)
-        if isinstance(got, Unplaceable):  # the reason looks at every node
-            got = Unplaceable(why_not(gang, nodes, left, params.device_types))
-        if isinstance(got, Unplaceable):
-            return got.reason
-        for bundle, node in zip(gang.bundles, got.nodes, strict=True):
-            left[node] = minus(left[node], bundle)
-        placements.append(got)
-    if keep and not any(fits(keep, left[n.name]) for n in nodes):
-        return (
-            f"it would take the capacity reserved for {', '.join(sorted(params.reserve_classes))} "
-            f"({', '.join(f'{v:g} {k}' for k, v in keep.items())} kept free on one node)"
-        )
-    return placements, left
-
-
 def decay_usage(
     average: Mapping[str, Resources], usage: Mapping[str, Resources], dt: float, half_life_s: float
 ) -> dict[str, dict[str, float]]:
@@ -168,116 +126,6 @@ def decay_usage(
         old, new = average.get(q, {}), usage.get(q, {})
         out[q] = {k: keep * old.get(k, 0.0) + (1 - keep) * new.get(k, 0.0) for k in {*old, *new}}
     return out
-
-
-def place_elastic(parts: Sequence[Resources], free: dict[str, Resources]) -> list[str]:
-    out = []
-    for part in parts:
-        node = next((n for n in sorted(free) if fits(part, free[n])), None)
-        if node is None:
-            break
-        free[node] = minus(free[node], part)
-        out.append(node)
-    return out
-
-
-# -- victims -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    job: RunningJob
-    elastic_only: bool
-    releases: tuple[tuple[str, Resources], ...]
-    why: str
-
-
-def candidates(
-    job: PendingJob,
-    snapshot: ClusterSnapshot,
-    now: float,
-    params: AdmissionParams,
-    usage: Mapping[str, Resources],
-) -> list[_Candidate]:
-    """Who may be asked to leave for `job`, in the order they should go."""
-    mine = params.classes[job.priority]
-    q = params.queues[job.queue]
-    reclaims = params.reclaim_borrowed and not over(add(usage.get(job.queue, {}), demand(job)), q.nominal)
-    out: list[tuple[tuple[int, int, float, str], _Candidate]] = []
-    for victim in snapshot.running:
-        cls = params.classes[victim.priority]
-        if not cls.preemptible or now - victim.started < cls.min_run_s:
-            continue
-        lower_here = params.within_queue and victim.queue == job.queue and cls.value < mine.value
-        vq = params.queues[victim.queue]
-        borrowing = over(usage.get(victim.queue, {}), vq.nominal)
-        shares_cohort = victim.queue != job.queue and vq.cohort is not None and vq.cohort == q.cohort
-        reclaim = reclaims and shares_cohort and bool(borrowing)
-        lower_borrower = (
-            params.borrow_within_cohort and shares_cohort and bool(borrowing) and cls.value < mine.value
-        )
-        if not (lower_here or reclaim or lower_borrower):
-            continue
-        if lower_here:
-            why = f"lower priority ({victim.priority}) in queue {victim.queue}"
-        elif reclaim:
-            why = f"queue {victim.queue} borrows beyond its nominal quota and {job.queue} reclaims it"
-        else:
-            why = f"lower priority ({victim.priority}) borrowing in cohort {vq.cohort}"
-        lost = now - (victim.last_save if victim.last_save is not None else victim.started)
-        if victim.elastic:
-            out.append(((0, cls.value, lost, victim.name), _Candidate(victim, True, victim.elastic, why)))
-        if not lower_here and params.never_below_nominal and not _stays_above_nominal(victim, usage, vq):
-            continue  # taking the whole job would push its queue below its guarantee
-        whole = (*victim.allocations, *victim.elastic)
-        out.append(((1, cls.value, lost, victim.name), _Candidate(victim, False, whole, why)))
-    return [c for _, c in sorted(out, key=lambda kv: kv[0])]
-
-
-def _stays_above_nominal(victim: RunningJob, usage: Mapping[str, Resources], q: QueueParams) -> bool:
-    after = minus(usage.get(victim.queue, {}), victim.usage())
-    return all(
-        after.get(k, 0.0) >= q.nominal.get(k, 0.0) - _EPS for k in victim.usage() if q.nominal.get(k, 0.0) > 0
-    )
-
-
-def choose_victims(
-    job: PendingJob,
-    snapshot: ClusterSnapshot,
-    now: float,
-    params: AdmissionParams,
-    free: Mapping[str, Resources],
-    usage: Mapping[str, Resources],
-    keep: Resources | None = None,
-    able_by_kind: dict[frozenset[str], list[Node]] | None = None,
-) -> list[_Candidate] | None:
-    """Candidates taken in order until `job` fits its queue's quota and every gang of it can be
-    placed (None: not even all of them would do)."""
-    left = {n: dict(r) for n, r in free.items()}
-    used = {q: dict(u) for q, u in usage.items()}
-    chosen: list[_Candidate] = []
-    elastic_gone: set[str] = set()
-    whole_gone: set[str] = set()
-    for cand in candidates(job, snapshot, now, params, usage):
-        name = cand.job.name
-        if name in whole_gone:
-            continue
-        if cand.elastic_only:
-            releases = cand.job.elastic
-            elastic_gone.add(name)
-        else:
-            releases = cand.job.allocations if name in elastic_gone else cand.releases
-            whole_gone.add(name)
-            chosen = [c for c in chosen if c.job.name != name]  # the whole job supersedes its part
-        for node, res in releases:
-            if node in left:
-                left[node] = add(left[node], res)
-            used[cand.job.queue] = minus(used.get(cand.job.queue, {}), res)
-        chosen.append(cand)
-        quota_ok = quota_check(job, params, used)[0] is not None
-        if quota_ok and not isinstance(place_all(job, snapshot.nodes, left, params, keep, able_by_kind), str):
-            return chosen
-    return None
 
 
 def _has_lower(job: PendingJob, snapshot: ClusterSnapshot, params: AdmissionParams) -> bool:
@@ -325,7 +173,7 @@ def _reserve(
     job: PendingJob,
     nodes: Sequence[Node],
     coming: dict[str, Resources],
-    victims: Sequence[_Candidate],
+    victims: Sequence[Candidate],
     params: AdmissionParams,
     keep: Resources | None = None,
     able_by_kind: dict[frozenset[str], list[Node]] | None = None,
@@ -535,7 +383,7 @@ class _Cycle:
             self.coming[node] = minus(self.coming[node], res)
         self.decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
 
-    def _make_room(self, a: _Attempt) -> list[_Candidate] | None:
+    def _make_room(self, a: _Attempt) -> list[Candidate] | None:
         """It does not fit now: wait for the evictions under way, or start new ones (the victims)."""
         job = a.job
         quota_later = a.borrowed is not None or quota_check(job, self.params, self.usage_later)[0] is not None
@@ -555,7 +403,7 @@ class _Cycle:
             return None
         return self._preempt(job, a.why, a.keep)
 
-    def _preempt(self, job: PendingJob, why: str, keep: dict[str, float] | None) -> list[_Candidate] | None:
+    def _preempt(self, job: PendingJob, why: str, keep: dict[str, float] | None) -> list[Candidate] | None:
         running = tuple(r for r in self.snapshot.running if r.name not in self.evicting)
         victims = choose_victims(
             job,
@@ -591,48 +439,3 @@ class _Cycle:
 
 def _over_quota_key(job: PendingJob) -> tuple[object, ...]:
     return (job.queue, tuple(sorted(demand(job).items())))
-
-
-def grow(
-    snapshot: ClusterSnapshot,
-    params: AdmissionParams,
-    free: dict[str, Resources],
-    usage: dict[str, dict[str, float]],
-    evicting: set[str],
-    reserve: Resources,
-) -> list[Decision]:
-    """Running jobs' missing elastic parts, on what the pending jobs left (their holds included),
-    within quota, highest priority first; a job being evicted gets nothing back."""
-    out: list[Decision] = []
-    jobs = [r for r in snapshot.running if r.missing and r.name not in evicting]
-    for job in sorted(jobs, key=lambda r: (-params.classes[r.priority].value, r.started, r.name)):
-        nodes: list[str] = []
-        for part in job.missing:
-            if (
-                quota_check(
-                    PendingJob(job.name, job.queue, job.priority, 0.0, (Gang((part,)),)), params, usage
-                )[0]
-                is None
-            ):
-                break
-            keep = None if job.priority in params.reserve_classes or not any(reserve.values()) else reserve
-            node = next(
-                (n.name for n in snapshot.nodes if fits(part, free[n.name])
-                 and (not keep or _keeps(keep, snapshot.nodes, free, n.name, part))),
-                None,
-            )  # fmt: skip
-            if node is None:
-                break
-            free[node] = minus(free[node], part)
-            usage[job.queue] = add(usage.get(job.queue, {}), part)
-            nodes.append(node)
-        if nodes:
-            out.append(Grow(job.name, tuple(nodes)))
-    return out
-
-
-def _keeps(
-    keep: Resources, nodes: Sequence[Node], free: Mapping[str, Resources], node: str, part: Resources
-) -> bool:
-    left = {**free, node: minus(free[node], part)}
-    return any(fits(keep, left[n.name]) for n in nodes)
