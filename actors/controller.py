@@ -149,7 +149,13 @@ class JobController:
             order = generation_order([self._kind_key(p) for p in problems], stages)
             problems = [problems[i] for i in order]
         return group_requests(
-            problems, self.cfg.grpo.group_size, str(iteration), self.tokenizer, self.template, self.sampling
+            problems,
+            self.cfg.grpo.group_size,
+            str(iteration),
+            self.tokenizer,
+            self.template,
+            self.sampling,
+            self.cfg.run.seed,
         )
 
     def generate_and_verify(

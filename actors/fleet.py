@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,24 @@ from rlsched.store.partial import PartialStore, Saved
 _S = InstanceState
 
 
+class PullWhy(StrEnum):
+    """Why an instance pulls the latest version (its spans say so; only RELOAD is a phase)."""
+
+    JOIN = "join"  # its first version: it serves once this one is confirmed
+    CATCH_UP = "catch-up"  # a newer version made the one it holds inadmissible
+    RELOAD = "reload"  # the reload phase between iterations, for every serving instance
+
+
+@dataclass(frozen=True)
+class Pull:
+    """One `RolloutInstance.join` call in flight: transfer, load and confirm of one version."""
+
+    ref: Any  # its ObjectRef
+    why: PullWhy
+    iteration: int
+    started: float
+
+
 @dataclass
 class Member:
     name: str
@@ -60,11 +79,7 @@ class Member:
     state: InstanceState = _S.ALLOCATED  # the controller's view, moved by the same transition table
     version: int = -1
     granted_at: float = 0.0
-    join_ref: Any = None
-    join_is_first: bool = True
-    join_for_reload: bool = False  # started by the reload phase (not a join or a catch-up pull)
-    join_iteration: int = 0
-    join_started: float = 0.0
+    pull: Pull | None = None  # the weight pull under way, if any
     stream: Any = None
     running: dict[RequestId, GenerationRequest] = field(default_factory=dict)
 
@@ -163,14 +178,12 @@ class Fleet:
 
     def _start_join(self, m: Member, for_reload: bool = False) -> None:
         assert self.latest is not None
-        m.join_is_first = m.state is _S.ALLOCATED
-        m.join_for_reload = for_reload and not m.join_is_first
-        m.join_iteration = self.iteration
+        why = PullWhy.JOIN if m.state is _S.ALLOCATED else PullWhy.RELOAD if for_reload else PullWhy.CATCH_UP
         m.to(_S.TRANSFERRING)
-        m.join_started = self.clock()
-        m.join_ref = m.handle.join.remote(
+        ref = m.handle.join.remote(
             self.latest.address, self.latest.version, m.ingress_bps, str(self.cfg.weights.plane)
         )
+        m.pull = Pull(ref, why, self.iteration, self.clock())
 
     def admissible(self, version: int) -> bool:
         latest = self.latest.version if self.latest else 0
@@ -185,7 +198,7 @@ class Fleet:
         m.to(_S.PREEMPTED)
         ray.kill(m.handle)
         requeued = self._requeue(m, now)
-        m.stream, m.join_ref = None, None
+        m.stream, m.pull = None, None
         m.to(_S.RELEASED)
         self.counts.preempted += 1
         self.spans.append(
@@ -257,20 +270,20 @@ class Fleet:
 
     def stranded(self) -> bool:
         """Requests wait, yet nothing serves, joins or is due to join: only a user can help now."""
-        joining = any(m.join_ref is not None for m in self.members.values())
+        joining = any(m.pull is not None for m in self.members.values())
         return bool(self.pending) and not self.serving() and not joining and self.next_event_in() is None
 
     def waitables(self) -> list[Any]:
         refs = []
         for m in self.members.values():
-            if m.join_ref is not None:
-                refs.append(m.join_ref)
+            if m.pull is not None:
+                refs.append(m.pull.ref)
             if m.stream is not None:
                 refs.append(m.stream)
         return refs
 
     def owner(self, ref: Any) -> Member | None:
-        return next((m for m in self.members.values() if ref is m.join_ref or ref is m.stream), None)
+        return next((m for m in self.members.values() if ref is m.stream or _pulling(m, ref)), None)
 
     def tick(self) -> None:
         """Transient windows that open or close now; then hand out work."""
@@ -328,7 +341,7 @@ class Fleet:
         m = self.owner(ref)
         if m is None:
             return []
-        if ref is m.join_ref:
+        if _pulling(m, ref):
             self._on_join(m)
             self.dispatch()
             return []
@@ -337,9 +350,10 @@ class Fleet:
         return [(m.name, s) for s in out]
 
     def _on_join(self, m: Member) -> None:
-        ref, m.join_ref = m.join_ref, None
+        pull, m.pull = m.pull, None
+        assert pull is not None
         try:
-            report: JoinReport = ray.get(ref)
+            report: JoinReport = ray.get(pull.ref)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
             cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
             self.counts.join_failures += 1
@@ -351,26 +365,26 @@ class Fleet:
         for target in (_S.LOADING, _S.CONFIRMING, _S.READY):
             m.to(target)
         m.version = report.version
-        self._join_spans(m, report)
-        if m.join_is_first:
+        self._join_spans(m, pull, report)
+        if pull.why is PullWhy.JOIN:
             self.counts.joined += 1
             self.join_reports.append(report)
             self.log(report.line())
         if not self.admissible(m.version):  # a newer version was published meanwhile
             self._start_join(m)
 
-    def _join_spans(self, m: Member, r: JoinReport) -> None:
+    def _join_spans(self, m: Member, pull: Pull, r: JoinReport) -> None:
         # the instance's clock is time.monotonic on its node; on one node it is the controller's
-        why = "reload" if m.join_for_reload else "join" if m.join_is_first else "catch-up"
         # only the reload phase's pulls are a phase of the iteration (phase_times skips join=True)
-        attrs = {"lane": m.name, "version": r.version, "join": not m.join_for_reload, "why": why}
+        phase = pull.why is PullWhy.RELOAD
+        attrs = {"lane": m.name, "version": r.version, "join": not phase, "why": str(pull.why)}
         detail = {"bytes": r.nbytes, "gbps": round(r.gbps, 4), "streams": r.streams, "corrupt": r.corrupt}
-        it = m.join_iteration
+        it = pull.iteration
         self.spans.append(Span(SpanKind.TRANSFER, f"{m.name}-v{r.version}", *r.transfer, it, attrs | detail))
         self.spans.append(Span(SpanKind.LOAD, f"{m.name}-v{r.version}", *r.load, it, attrs))
         self.spans.append(Span(SpanKind.CONFIRM, f"{m.name}-v{r.version}", *r.confirm, it, attrs))
-        if m.join_is_first:
-            self.spans.append(Span(SpanKind.JOIN, m.name, m.join_started, r.confirm[1], it, attrs))
+        if pull.why is PullWhy.JOIN:
+            self.spans.append(Span(SpanKind.JOIN, m.name, pull.started, r.confirm[1], it, attrs))
 
     def _on_stream(self, m: Member, ref: Any) -> list[Sample]:
         try:
@@ -479,22 +493,23 @@ class Fleet:
         targets = [
             m
             for m in self.members.values()
-            if m.state is _S.READY or (m.state is _S.ALLOCATED and m.join_ref is None)
+            if m.state is _S.READY or (m.state is _S.ALLOCATED and m.pull is None)
         ]
         for m in targets:
             self._start_join(m, for_reload=True)
         for m in targets:
-            ray.wait([m.join_ref], timeout=None)
+            assert m.pull is not None
+            ray.wait([m.pull.ref], timeout=None)
             self._on_join(m)
         for m in list(self.members.values()):  # joiners whose join finished meanwhile
-            if m.join_ref is not None and ray.wait([m.join_ref], timeout=0)[0]:
+            if m.pull is not None and ray.wait([m.pull.ref], timeout=0)[0]:
                 self._on_join(m)
 
     def wait_serving(self, timeout_s: float = 300.0) -> None:
         """Block until at least one instance serves (at start-up)."""
         give_up = time.monotonic() + timeout_s
         while not self.serving():
-            refs = [m.join_ref for m in self.members.values() if m.join_ref is not None]
+            refs = [m.pull.ref for m in self.members.values() if m.pull is not None]
             if not refs:  # every instance failed: say why (the usual cause is the same for all)
                 raise UserError("no rollout instance could start. " + "; ".join(self.join_errors[:2]))
             if time.monotonic() > give_up:
@@ -514,3 +529,7 @@ class Fleet:
                 m.state = _S.RELEASED
         if self.store is not None:
             self.store.close()
+
+
+def _pulling(m: Member, ref: Any) -> bool:
+    return m.pull is not None and ref is m.pull.ref

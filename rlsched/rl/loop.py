@@ -164,10 +164,11 @@ class GRPOLoop:
         requests, references = group_requests(  # 1
             problems,
             self.cfg.grpo.group_size,
-            str(self.version),
+            str(self.version + 1),  # the iteration, as the Ray controller names its requests
             self.ckpt.tokenizer,
             self.template,
             self.sampling,
+            self.cfg.run.seed,
         )
         samples, outcomes = self.generate_and_verify(requests, references)
         phase["generate_verify"] = time.monotonic() - t

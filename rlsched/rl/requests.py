@@ -2,11 +2,15 @@
 
 Shared by the single-process loop and the Ray controller so that both ask for exactly the same
 samples: `group_size` requests per problem, ids `PREFIX-PROBLEM-MEMBER`, sampling knobs from the
-config and the template's stop tokens.
+config and the template's stop tokens. With a run seed, each request carries a seed of its own
+(drawn from the run's seed and its id, `PREFIX` being the iteration), so its random draws do not
+depend on which instance serves it or when; only the arithmetic of the batch it shares can differ.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from collections.abc import Sequence
 
 from rlsched.config import SamplingConfig
@@ -33,12 +37,24 @@ def group_requests(
     tokenizer: Tokenizer,
     template: PromptFormat,
     params: SamplingParams,
+    run_seed: int | None = None,
 ) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
     """The requests, in problem-major order, and which problem each one answers."""
     prompts = tokenizer.encode_batch([p.prompt(template) for p in problems])
+    ids = [RequestId(f"{prefix}-{i}-{k}") for i in range(len(problems)) for k in range(group_size)]
     requests = [
-        GenerationRequest(RequestId(f"{prefix}-{i}-{k}"), tuple(prompts[i]), params)
-        for i in range(len(problems))
-        for k in range(group_size)
+        GenerationRequest(rid, tuple(prompts[n // group_size]), _seeded(params, run_seed, rid))
+        for n, rid in enumerate(ids)
     ]
     return requests, {r.request_id: problems[n // group_size] for n, r in enumerate(requests)}
+
+
+def request_seed(run_seed: int, request_id: RequestId) -> int:
+    """A request's own sampling seed: stable across processes (not Python's salted `hash`)."""
+    return zlib.crc32(f"{run_seed}/{request_id}".encode())
+
+
+def _seeded(params: SamplingParams, run_seed: int | None, request_id: RequestId) -> SamplingParams:
+    if run_seed is None or params.seed is not None:
+        return params
+    return dataclasses.replace(params, seed=request_seed(run_seed, request_id))
