@@ -53,7 +53,7 @@ from rlsched.policy.verify import (
 from rlsched.policy.versions import oldest_admissible
 from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
-from rlsched.rl.requests import group_requests, sampling_params
+from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, verify_kind_key
 from rlsched.rl.update import TrainItem
 from rlsched.transfer.client import WeightClient
@@ -155,7 +155,7 @@ class JobController:
             self.tokenizer,
             self.template,
             self.sampling,
-            self.cfg.run.seed,
+            run_seed_for_requests(self.cfg),
         )
 
     def generate_and_verify(

@@ -33,7 +33,7 @@ from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.local_pool import LocalPool
-from rlsched.rl.requests import group_requests, sampling_params
+from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
 from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
 from verifiers.loading import VerifierSet
@@ -168,7 +168,7 @@ class GRPOLoop:
             self.ckpt.tokenizer,
             self.template,
             self.sampling,
-            self.cfg.run.seed,
+            run_seed_for_requests(self.cfg),
         )
         samples, outcomes = self.generate_and_verify(requests, references)
         phase["generate_verify"] = time.monotonic() - t

