@@ -43,6 +43,7 @@ from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
+from rlsched.transfer.manifest import LATEST
 from rlsched.transfer.plane import Plane
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class Instance:
                 try:
                     pulled = pull(version, buffer=self._buffer)
                 except VersionNotFound:
-                    newest = client.manifest(0).version
+                    newest = client.manifest(LATEST).version
                     if newest <= version:
                         raise
                     log.info("%s: version %d is gone; taking %d", self.instance_id, version, newest)

@@ -25,7 +25,7 @@ import grpc
 
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer import weights_pb2_grpc as pb_grpc
-from rlsched.transfer.manifest import Accepted, Assembly, ChunkInfo, Manifest, TensorInfo
+from rlsched.transfer.manifest import LATEST, Accepted, Assembly, ChunkInfo, Manifest, TensorInfo
 from rlsched.transfer.plane import Plane
 from rlsched.transfer.service import GRPC_OPTIONS
 
@@ -101,8 +101,8 @@ class WeightClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def manifest(self, version: int = 0) -> Manifest:
-        """The manifest of `version` (0: the latest); VersionNotFound if the service lacks it."""
+    def manifest(self, version: int = LATEST) -> Manifest:
+        """The manifest of `version` (`LATEST`: the newest held); VersionNotFound if it is not held."""
         try:
             reply = self._stub.GetManifest(pb.ManifestRequest(version=version), timeout=self._timeout)
         except grpc.RpcError as err:

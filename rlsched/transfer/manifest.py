@@ -25,6 +25,7 @@ from enum import StrEnum
 
 import xxhash
 
+LATEST = -1  # the version to ask for when any newest one will do (versions count from 0)
 DEFAULT_CHUNK_BYTES = 4 << 20  # 1-4 MiB messages were the fast ones on loopback (64 KiB: 2.5x slower)
 
 

@@ -32,7 +32,7 @@ import grpc
 
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer import weights_pb2_grpc as pb_grpc
-from rlsched.transfer.manifest import DEFAULT_CHUNK_BYTES, Manifest, build_manifest
+from rlsched.transfer.manifest import DEFAULT_CHUNK_BYTES, LATEST, Manifest, build_manifest
 from rlsched.transfer.shaping import LinkShaper, Pace, SlowReceiver
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class WeightService(pb_grpc.WeightsServicer):
 
     def _held(self, version: int, context: grpc.ServicerContext) -> _Held:
         with self._lock:
-            if version == 0 and self._versions:
+            if version == LATEST and self._versions:
                 version = next(reversed(self._versions))
             held = self._versions.get(version)
             have = ", ".join(str(v) for v in self._versions) or "none yet"
@@ -169,7 +169,7 @@ class WeightService(pb_grpc.WeightsServicer):
             context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"weight version {version} is not held by this service (it holds: {have}); "
-                "ask for one of those, or 0 for the latest",
+                f"ask for one of those, or {LATEST} for the latest",
             )
         assert held is not None
         return held

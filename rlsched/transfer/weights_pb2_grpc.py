@@ -55,7 +55,7 @@ class WeightsServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetManifest(self, request, context):
-        """The manifest of one version (0: the latest); NOT_FOUND names the versions held.
+        """The manifest of one version (-1: the latest; versions count from 0); NOT_FOUND names the versions held.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

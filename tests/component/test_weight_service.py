@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import save
 
 from rlsched.transfer.client import Plane, TransferFailed, VersionNotFound, WeightClient
-from rlsched.transfer.manifest import Manifest
+from rlsched.transfer.manifest import LATEST, Manifest
 from rlsched.transfer.service import Faults, WeightService
 
 CHUNK = 256 << 10
@@ -95,14 +95,25 @@ def test_a_version_that_is_not_held_is_refused_with_the_ones_that_are(service: W
             client.pull(1)
         with pytest.raises(VersionNotFound, match="version 9"):
             client.manifest(9)
-        assert client.manifest(0).version == 3  # 0: the latest
+        assert client.manifest(LATEST).version == 3
     with pytest.raises(ValueError, match="not newer"):
         service.publish(3, weights(4, mib=1))
 
 
+def test_version_0_is_a_version_like_any_other(service: WeightService) -> None:
+    """Versions count from 0 (the job's start), so 0 cannot also mean "the latest": a slow joiner
+    asking for 0 after 1 is published gets 0 (until f0a6d46 it got 1 and failed its version check)."""
+    service.publish(0, weights(0, mib=1))
+    service.publish(1, weights(1, mib=1))
+    with WeightClient(service.address) as client:
+        assert client.manifest(0).version == 0
+        assert client.pull(0).stats.version == 0
+        assert client.manifest(LATEST).version == 1
+
+
 def test_no_version_published_yet_is_a_clear_refusal(service: WeightService) -> None:
     with WeightClient(service.address) as client, pytest.raises(VersionNotFound, match="none yet"):
-        client.manifest(0)
+        client.manifest(LATEST)
 
 
 def test_a_receiver_slower_than_configured_is_reported_and_still_served() -> None:
