@@ -1,4 +1,4 @@
-"""The rollout-engine protocol that every engine (torch now, vLLM later) implements.
+"""The rollout-engine protocol that every engine (`torch_engine.py` and `vllm.py`) implements.
 
 An engine holds one weight version at a time, takes generation requests (token ids, never JSON)
 and yields each finished sample the moment it finishes. A sample carries the weight version that

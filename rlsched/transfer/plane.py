@@ -7,4 +7,4 @@ from enum import StrEnum
 
 class Plane(StrEnum):
     TCP = "tcp"  # raw TCP into a preallocated buffer: the fast path (about 0.9x of a raw socket here)
-    GRPC = "grpc"  # chunks as gRPC messages (about 0.15x of a raw socket here)
+    GRPC = "grpc"  # chunks as gRPC messages (0.13x of a raw socket here: docs/benchmarks.md)

@@ -7,9 +7,10 @@ chunk messages) and `OpenData` (a one-use ticket for the same bytes on the data 
 stream that the receiver reads straight into its preallocated buffer). Both paths pace through one
 `LinkShaper`, so every pull in flight shares the egress max-min fairly under each receiver's cap.
 
-Why two paths: on this machine Python gRPC streaming of 1-4 MiB messages moved about 0.45x of a raw
-TCP socket on loopback, limited by the receiver's CPU (every message is a new bytes object to copy);
-the data plane reaches the socket's rate (`scripts/bench_weights.py` measures both in one run).
+Why two paths: on this machine Python gRPC streaming of 1-4 MiB messages moved 0.13x of a raw TCP
+socket on loopback (`docs/benchmarks.md`), limited by the receiver's CPU (every message is a new
+bytes object to copy); the data plane reaches the socket's rate (`scripts/bench_weights.py`
+measures both in one run).
 
 The service keeps the latest `keep` versions, so an instance that started pulling version v can
 finish it after v+1 is published (the join protocol decides whether that is admissible).
