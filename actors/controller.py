@@ -41,7 +41,6 @@ from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
 from rlsched.policy.estimate import RemainingTime
-from rlsched.policy.lifecycle import InstanceState
 from rlsched.policy.verify import (
     BatchId,
     BatchState,
@@ -202,7 +201,7 @@ class JobController:
         if not self.fleet.stranded():
             return warned
         stranded = (
-            f"iteration {iteration}: {len(self.fleet.pending)} request(s) wait but no rollout instance "
+            f"iteration {iteration}: {len(self.fleet.core.pending)} request(s) wait but no rollout instance "
             "serves or is joining (the log says why they left)"
         )
         if self.inbox is None:
@@ -233,15 +232,10 @@ class JobController:
         if view["stop_in"] is not None:
             raise JobStopped(f"preempted by the cluster scheduler ({view['why']})", preempted=True)
         for part in view["release"]:
-            m = self.fleet.members.get(part)
-            if m is not None and m.state not in (InstanceState.RELEASED, InstanceState.PREEMPTED):
-                self.fleet.preempt(m, f"the cluster scheduler reclaims it {view['why']}")
+            self.fleet.reclaim(part, f"the cluster scheduler reclaims it {view['why']}")
             self.cluster.released(part)
         for part, pg in view["parts"].items():
-            if part not in self.fleet.members or self.fleet.members[part].state is InstanceState.RELEASED:
-                self.fleet.members.pop(part, None)
-                self.fleet.add(part, pg=pg)
-                self.log(f"{part} granted by the cluster scheduler; it serves once it has the latest version")
+            self.fleet.grant(part, pg)
 
     def _to_gpu_stage(
         self,
@@ -414,7 +408,7 @@ class JobController:
                 "sample_versions": sorted({int(s.weight_version) for s in samples.values()}),
                 "verifier_pool": asdict(self.pool.counts),  # since the job started
                 "fleet": asdict(self.fleet.counts),  # since the job started
-                "serving": sorted(m.name for m in self.fleet.serving()),
+                "serving": sorted(self.fleet.serving()),
             },
         )
 
@@ -425,7 +419,7 @@ class JobController:
         requests = eval_requests(
             self.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
         )
-        handles = [m.handle for m in self.fleet.serving()]
+        handles = self.fleet.serving_handles()
         refs = [h.complete.remote(requests[i :: len(handles)]) for i, h in enumerate(handles)]
         return score(problems, (s for batch in ray.get(refs) for s in batch), self.verifiers)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from rlsched.config import Leave
+from rlsched.policy.lifecycle import Leave
 
 NAMESPACE = "rlsched"
 

@@ -212,7 +212,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     import ray
 
     from actors.scale import NAMESPACE, ScaleCommand, inbox_name, running_jobs
-    from rlsched.config import Leave
+    from rlsched.policy.lifecycle import Leave
 
     if args.add < 0:
         raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from rlsched.config_load import Section, load_tree
+from rlsched.policy.lifecycle import Leave
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.transfer.plane import Plane
@@ -241,11 +242,6 @@ class TrainerConfig(Section):
         default_factory=dict,
         description="more resources each rank's bundle reserves, e.g. a device type {H100: 1}",
     )
-
-
-class Leave(StrEnum):
-    PREEMPTED = "preempted"  # abrupt: the actor is killed; its requests resume elsewhere from saved tokens
-    DRAINING = "draining"  # takes nothing new, finishes what it runs, then leaves
 
 
 class TransientInstance(Section):

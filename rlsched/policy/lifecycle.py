@@ -15,6 +15,14 @@ verifier's CPU stage prepared it for the GPU stage); a run whose worker must be 
 until the exit is observed; a retried fault or a preempted run goes back to QUEUED with attempt + 1.
 
 A job on the cluster: PENDING -> RUNNING -> DONE, PREEMPTED or CANCELLED (see `JOB_TRANSITIONS`).
+
+An iteration: GENERATING (requests out, samples arriving and verified as they come) -> JUDGING
+(every sample is in; verifications still run) -> UPDATING -> PUBLISHING -> RELOADING (the
+instances take the new version) -> COMMITTED (its record may be written; the next one may start).
+
+A weight version: PUBLISHED (held by the weight service) -> CONFIRMED (an instance loaded it and its
+checksum matched) -> RETIRED (a newer version put it past the staleness bound: nothing may be
+generated with it any more). A version superseded before any instance confirmed it retires directly.
 """
 
 from __future__ import annotations
@@ -90,6 +98,13 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
     _S.RELEASED: frozenset(),  # terminal
     _S.PREEMPTED: frozenset({_S.RELEASED}),  # reclaimed; its saved outputs resume elsewhere
 }
+
+
+class Leave(StrEnum):
+    """How an instance leaves the fleet."""
+
+    PREEMPTED = "preempted"  # abrupt: the actor is killed; its requests resume elsewhere from saved tokens
+    DRAINING = "draining"  # takes nothing new, finishes what it runs, then leaves
 
 
 class SlotState(StrEnum):
@@ -177,11 +192,50 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
+class IterationPhase(StrEnum):
+    GENERATING = "generating"
+    JUDGING = "judging"
+    UPDATING = "updating"
+    PUBLISHING = "publishing"
+    RELOADING = "reloading"
+    COMMITTED = "committed"
+
+
+_I = IterationPhase
+ITERATION_TRANSITIONS: dict[IterationPhase, frozenset[IterationPhase]] = {
+    _I.GENERATING: frozenset({_I.JUDGING}),  # the last sample arrived (verification may still run)
+    _I.JUDGING: frozenset({_I.UPDATING}),  # the last sample was judged: the batch is complete
+    _I.UPDATING: frozenset({_I.PUBLISHING}),  # the training group stepped on the assembled batch
+    _I.PUBLISHING: frozenset({_I.RELOADING}),  # the weight service holds the new version
+    _I.RELOADING: frozenset({_I.COMMITTED}),  # every serving instance confirmed it
+    _I.COMMITTED: frozenset({_I.GENERATING}),  # the next iteration's requests go out
+}
+
+
+class VersionState(StrEnum):
+    PUBLISHED = "published"
+    CONFIRMED = "confirmed"
+    RETIRED = "retired"
+
+
+_P = VersionState
+VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
+    _P.PUBLISHED: frozenset(
+        {
+            _P.CONFIRMED,  # the first instance loaded it and confirmed its checksum
+            _P.RETIRED,  # newer versions put it past the staleness bound before anyone confirmed it
+        }
+    ),
+    _P.CONFIRMED: frozenset({_P.RETIRED}),  # past the staleness bound: no request is routed to it
+    _P.RETIRED: frozenset(),  # terminal: an instance still holding it pulls the latest first
+}
+
+
 class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState)
+S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
@@ -207,3 +261,11 @@ def verify_transition(current: VerifyState, target: VerifyState) -> VerifyState:
 
 def job_transition(current: JobState, target: JobState) -> JobState:
     return _checked(JOB_TRANSITIONS, "job", current, target)
+
+
+def version_transition(current: VersionState, target: VersionState) -> VersionState:
+    return _checked(VERSION_TRANSITIONS, "weight version", current, target)
+
+
+def iteration_transition(current: IterationPhase, target: IterationPhase) -> IterationPhase:
+    return _checked(ITERATION_TRANSITIONS, "iteration", current, target)

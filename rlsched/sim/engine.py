@@ -98,3 +98,30 @@ class Simulator:
     @property
     def pending(self) -> int:
         return sum(not entry[3].cancelled for entry in self._heap)
+
+
+class Alarm:
+    """A core's next wake-up on the simulator: `arm(due)` keeps the earliest time asked for (a core's
+    `next_wakeup`), and `action` runs then. One per driven core."""
+
+    __slots__ = ("action", "handle", "sim")
+
+    def __init__(self, sim: Simulator, action: Action) -> None:
+        self.sim, self.action = sim, action
+        self.handle: EventHandle | None = None
+
+    def arm(self, due: float | None) -> None:
+        if due is None or (self.handle is not None and due >= self.handle.time):
+            return
+        if self.handle is not None:
+            self.handle.cancel()
+        self.handle = self.sim.at(max(due, self.sim.now), self._ring)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _ring(self) -> None:
+        self.handle = None
+        self.action()

@@ -1,35 +1,62 @@
-"""Elastic rollout instances in virtual time: joins over the shared weight link, availability
-windows, reclaims with resume or restart, and how much of each instance's life went to generating.
+"""Rollout instances in virtual time: a driver of the fleet's core (`rlsched.core.fleet`), with
+generation and weight pulls taking drawn or modelled durations.
 
-A job with `weights` (its link: bytes, the trainer's egress, each instance's ingress, load time)
-or `transient` instances generates through this fleet instead of fixed lanes. Samples wait in one
-queue; a READY instance with a free slot takes the next one, so a joiner is served the moment it
-is READY. A transient instance is granted at `join_at_s`, pulls the current version over the link
-(`rlsched.policy.bandwidth.max_min_rates`: the egress shared max-min fairly with every other pull,
-rates recomputed at each start and finish, as the weight service paces them), loads for `load_s`,
-then serves until `join_at_s + available_s`, when it is reclaimed. Its running samples go back to
-the front of the queue: the interrupted members of a group are cut back to the shortest saved
-length among them (`rlsched.policy.resume.truncate_group`), and each resumes (prefill of prompt +
-saved tokens, then the rest) or restarts, whichever `resume_or_restart` says is sooner. After each
-update every live instance pulls the new version over the link before the next iteration
-generates; a joiner still pulling the old version starts over at the new one.
+The core decides everything the Ray fleet decides (routing batches of `request_batch` to READY
+instances at an admissible version, joins, reloads, transient windows counted from their iteration's
+generation, reclaims with resume or restart); this module only carries its effects out on the
+simulator's clock and reports back what happened:
 
-The same policy functions as the runtime; the clock is virtual. Each instance's life is counted:
-granted (or the start, for the static ones), READY, ended; generating = time with at least one
-sequence running. The rest of its life is the fraction not generating.
+- A pull crosses the job's weight link (`Link`: the trainer's egress shared max-min fairly with every
+  other pull, `rlsched.policy.bandwidth.max_min_rates`, rates recomputed at each start and finish, as
+  the weight service paces them), then loads for `load_s`. A job without `weights` pulls at once.
+- A routed batch's samples each take their drawn time (a resumed one first prefills its prompt and
+  saved tokens); each is reported as it finishes, and the batch's end once the last has.
+- A reclaimed instance's saved tokens are what it had decoded by then.
+
+Each instance's life is counted: granted, READY, ended; generating = time with at least one sequence
+running. The rest of its life is the fraction not generating.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
+from rlsched.core.fleet import FleetCore
+from rlsched.core.fleet_io import (
+    Accepted,
+    Added,
+    Arrived,
+    Begun,
+    Effect,
+    Event,
+    FleetParams,
+    Joined,
+    KillInstance,
+    Left,
+    Note,
+    Published,
+    PullDone,
+    PullWhy,
+    ReadSaved,
+    ReloadAsked,
+    ReloadDone,
+    RequestSpec,
+    Route,
+    SavedRead,
+    StartInstance,
+    StartPull,
+    StreamEnded,
+    Tick,
+    Window,
+    render,
+)
 from rlsched.policy.bandwidth import max_min_rates
-from rlsched.policy.resume import Restart, ResumeCost, resume_or_restart, truncate_group
-from rlsched.sim.engine import EventHandle, Simulator
-from rlsched.sim.scenario import SimJobConfig, SimTransientConfig
+from rlsched.policy.resume import ResumeCost
+from rlsched.sim.engine import Alarm, EventHandle, Simulator
+from rlsched.sim.scenario import SimJobConfig
 
 _EPS = 1e-9
 
@@ -89,9 +116,7 @@ class Link:
             cb()
 
 
-@dataclass
-class _Run:
-    n: int
+class _Run(NamedTuple):
     start: float
     prefill_s: float  # before any new token: the prompt plus resumed tokens
     saved: float  # output tokens it started with (resumed)
@@ -101,19 +126,13 @@ class _Run:
 @dataclass
 class Instance:
     name: str
-    slots: int
     granted: float
     ingress_bps: float
-    spec: SimTransientConfig | None = None
     ready_at: float | None = None
     ended: float | None = None
     running: dict[int, _Run] = field(default_factory=dict)
     generating_s: float = 0.0
     _busy_since: float | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.ready_at is not None and self.ended is None
 
     def busy(self, now: float) -> None:
         if self._busy_since is None:
@@ -140,6 +159,32 @@ Finished = Callable[[int, str], None]  # (sample, lane)
 Pulled = Callable[[str, float, bool], None]  # (instance, when its pull started, a join: not a reload)
 
 
+def fleet_params(cfg: SimJobConfig) -> FleetParams:
+    """The core's parameters for a simulated job: the runtime's rules with the scenario's numbers."""
+    r, w = cfg.resume, cfg.weights
+    receiver = w.receiver_gbps if w is not None else 0.0
+    windows = tuple(
+        Window(
+            f"{cfg.name}/transient-{k}.{c}",
+            spec.join_iteration,
+            spec.join_at_s,
+            spec.available_s,
+            spec.reclaim_iteration,
+            spec.reclaim_at_s,
+            spec.leave,
+            (spec.receiver_gbps or receiver) * 1e9,
+        )
+        for k, spec in enumerate(cfg.transient)
+        for c in range(spec.count)
+    )
+    return FleetParams(
+        request_batch=cfg.request_batch or cfg.slots,
+        max_staleness=cfg.max_staleness,
+        cost=ResumeCost(r.prefill_tokens_per_s, 1.0, r.setup_s),  # each sample's own decode speed
+        windows=windows,
+    )
+
+
 class SimFleet:
     """One job's rollout instances and its queue of samples to generate."""
 
@@ -151,150 +196,172 @@ class SimFleet:
         pulled: Pulled,
         record: Callable[[str], None],
     ) -> None:
-        assert cfg.weights is not None
         self.cfg, self.sim, self.finished, self.pulled, self.record = cfg, sim, finished, pulled, record
-        self.closed = False  # the job is done: no more grants
+        self.closed = False  # the job is done: nothing more happens
         w = cfg.weights
-        self.link = Link(sim, w.egress_gbps * 1e9)
+        self.link = Link(sim, w.egress_gbps * 1e9) if w is not None else None
+        self.core = FleetCore(fleet_params(cfg))
         self.instances: dict[str, Instance] = {}
-        for k in range(cfg.instances):
-            inst = Instance(f"{cfg.name}/rollout-{k}", cfg.slots, 0.0, w.receiver_gbps * 1e9)
-            inst.ready_at = 0.0
-            self.instances[inst.name] = inst
-        self.queue: deque[int] = deque()
+        self.ids: list[str] = []  # sample n's request id
         self.tokens: list[float] = []
         self.rates: list[float] = []  # tokens per second of each sample's decode
-        self.saved: dict[int, float] = {}  # a requeued sample's saved output tokens
-        self.resumed = self.restarted = 0
-        self.reloading: set[str] = set()
-        self._pull_started: dict[str, float] = {}
-        self._after_reload: Callable[[], None] | None = None
-        for k, spec in enumerate(cfg.transient):
-            for c in range(spec.count):
-                self.sim.at(spec.join_at_s, partial(self._grant, f"{cfg.name}/transient-{k}.{c}", spec))
+        self._then: Callable[[], None] | None = None
+        self._alarm = Alarm(sim, self._on_tick)
+        self._replies: list[Event] = []
+        receiver = (w.receiver_gbps if w is not None else 0.0) * 1e9
+        for k in range(cfg.instances):
+            self._feed(Added(sim.now, f"{cfg.name}/rollout-{k}", receiver))
 
-    # -- membership ---------------------------------------------------------------------------
-    def _grant(self, name: str, spec: SimTransientConfig) -> None:
+    @property
+    def resumed(self) -> int:
+        return self.core.counts.resumed
+
+    @property
+    def restarted(self) -> int:
+        return self.core.counts.restarted
+
+    # -- the driver's loop ---------------------------------------------------------------------------
+
+    def _feed(self, event: Event) -> None:
         if self.closed:
             return
-        w = self.cfg.weights
-        assert w is not None
-        ingress = (spec.receiver_gbps or w.receiver_gbps) * 1e9
-        inst = Instance(name, self.cfg.slots, self.sim.now, ingress, spec)
-        self.instances[name] = inst
-        self.record(f"{name} granted for {spec.available_s:g} s; pulling the weights")
-        self._pull(inst)
-        self.sim.after(spec.available_s, partial(self._reclaim, inst))
+        self._apply(self.core.handle(event))
+        replies = self._replies
+        while replies:  # what the driver answers at once (saved tokens read; pulls without a link)
+            self._apply(self.core.handle(replies.pop(0)))
+        self._alarm.arm(self.core.next_wakeup())
 
-    def _pull(self, inst: Instance) -> None:
-        w = self.cfg.weights
-        assert w is not None
-        self._pull_started[inst.name] = self.sim.now
-        loaded = partial(self.sim.after, w.load_s, partial(self._loaded, inst))
-        self.link.start(inst.name, w.bytes, inst.ingress_bps, loaded)
+    def _on_tick(self) -> None:
+        self._feed(Tick(self.sim.now))
 
-    def _loaded(self, inst: Instance) -> None:
-        if inst.ended is not None:
+    def _apply(self, effects: list[Effect]) -> None:
+        for e in effects:  # the per-sample effect first
+            if isinstance(e, Accepted):
+                self.finished(int(e.request_id), e.name)
+            elif isinstance(e, Route):
+                self._route(e)
+            else:
+                self._apply_rare(e)
+
+    def _apply_rare(self, e: Effect) -> None:
+        sim = self.sim
+        sim.decisions.extend(render((e,), sim.now))
+        if isinstance(e, StartPull):
+            self._pull(e)
+        elif isinstance(e, Joined):
+            self._joined(e)
+        elif isinstance(e, StartInstance):
+            self.instances[e.name] = Instance(e.name, sim.now, e.ingress_bps)
+        elif isinstance(e, KillInstance):
+            self._kill(e.name)
+        elif isinstance(e, ReadSaved):
+            self._replies.append(SavedRead(sim.now, e.name, self._saved(e)))
+        elif isinstance(e, Left):
+            self.record(f"{e.name} {e.leave}; {e.requeued} sample(s) go back")
+        elif isinstance(e, ReloadDone):
+            then, self._then = self._then, None
+            if then is not None:  # after this event: the next iteration's events are its own
+                sim.after(0.0, then)
+        elif isinstance(e, Note):
+            self.record(e.message)
+        # CutSaved: the saved tokens a run continues from come with its Route
+
+    # -- weights -------------------------------------------------------------------------------------
+
+    def _pull(self, e: StartPull) -> None:
+        w = self.cfg.weights
+        if self.link is None or w is None:  # no link modelled: it has the version at once
+            self._replies.append(PullDone(self.sim.now, e.name, e.version))
             return
-        self.pulled(inst.name, self._pull_started.pop(inst.name), inst.name not in self.reloading)
-        if inst.name in self.reloading:
-            self.reloading.discard(inst.name)
-            self._reload_done()
-            return
+        done = partial(self._feed_later, PullDone, e.name, e.version)
+        inst = self.instances[e.name]
+        self.link.start(e.name, w.bytes, inst.ingress_bps, partial(self.sim.after, w.load_s, done))
+
+    def _feed_later(self, kind: type[PullDone], name: str, version: int) -> None:
+        self._feed(kind(self.sim.now, name, version))
+
+    def _joined(self, e: Joined) -> None:
+        inst = self.instances[e.name]
+        if self.link is not None:  # without a modelled link nothing was transferred: no span
+            self.pulled(e.name, e.started, e.why is not PullWhy.RELOAD)
         if inst.ready_at is None:
             inst.ready_at = self.sim.now
-            self.record(f"{inst.name} READY after {self.sim.now - inst.granted:.3f} s")
-        self.assign()
+            self.record(f"{e.name} READY after {self.sim.now - inst.granted:.3f} s")
 
-    def _reclaim(self, inst: Instance) -> None:
-        now = self.sim.now
-        inst.ended = now
-        self.link.cancel(inst.name)
-        if inst.name in self.reloading:
-            self.reloading.discard(inst.name)
-            self._reload_done()
-        lost = inst.running
+    def _kill(self, name: str) -> None:
+        inst = self.instances[name]
+        inst.ended = self.sim.now
+        if self.link is not None:
+            self.link.cancel(name)
+        for run in inst.running.values():
+            run.event.cancel()
+
+    def _saved(self, e: ReadSaved) -> tuple[tuple[str, int], ...]:
+        """What a reclaimed instance had decoded of each request: its saved tokens."""
+        inst, now = self.instances[e.name], self.sim.now
+        out = []
+        for rid in e.requests:
+            n = int(rid)
+            run = inst.running[n]
+            decoded = max(0.0, now - run.start - run.prefill_s) * self.rates[n]
+            out.append((rid, int(min(run.saved + decoded, self.tokens[n]))))
         inst.running = {}
         inst.idle_if_empty(now)
-        self.record(f"{inst.name} reclaimed; {len(lost)} sample(s) go back")
-        self._requeue(lost, now)
-        self.assign()
+        return tuple(out)
 
-    def _requeue(self, lost: dict[int, _Run], now: float) -> None:
-        groups: dict[int, dict[str, float]] = {}
-        for n, run in lost.items():
-            run.event.cancel()
-            decoded = max(0.0, now - run.start - run.prefill_s) * self.rates[n]
-            groups.setdefault(n // self.cfg.group_size, {})[str(n)] = min(run.saved + decoded, self.tokens[n])
-        back = []
-        for saved in groups.values():
-            for key, cut in truncate_group({k: int(v) for k, v in saved.items()}, finished=()).items():
-                n = int(key)
-                choice = resume_or_restart(int(self.cfg.resume.prompt_tokens), cut, self._cost(n))
-                self.saved[n] = float(cut) if choice.choice is Restart.RESUME else 0.0
-                if choice.choice is Restart.RESUME:
-                    self.resumed += 1
-                else:
-                    self.restarted += 1
-                back.append(n)
-        self.queue.extendleft(sorted(back, reverse=True))
+    # -- generating ------------------------------------------------------------------------------------
 
-    def _cost(self, n: int) -> ResumeCost:
-        r = self.cfg.resume  # this sample's own decode rate prices the tokens a restart redoes
-        return ResumeCost(r.prefill_tokens_per_s, max(self.rates[n], _EPS), r.setup_s)
-
-    # -- generating ---------------------------------------------------------------------------
-    def start_iteration(self, tokens: list[float], rates: list[float]) -> None:
+    def start_iteration(self, iteration: int, tokens: list[float], rates: list[float]) -> None:
+        c = self.cfg
         self.tokens, self.rates = tokens, rates
-        self.saved = {}
-        self.queue = deque(range(len(tokens)))
-        self.assign()
+        if len(self.ids) != len(tokens):
+            self.ids = [str(n) for n in range(len(tokens))]
+        prompt, size = int(c.resume.prompt_tokens), c.group_size
+        requests = tuple(
+            RequestSpec(rid, str(n // size), prompt, rates[n] if rates[n] > _EPS else _EPS)
+            for n, rid in enumerate(self.ids)
+        )
+        self._feed(Begun(self.sim.now, iteration, requests))
 
-    def assign(self) -> None:
-        for inst in self.instances.values():
-            while self._takes(inst) and self.queue:
-                self._start(inst, self.queue.popleft())
+    def _route(self, e: Route) -> None:
+        inst, sim, r = self.instances[e.name], self.sim, self.cfg.resume
+        now, tokens, rates, arrived, running = sim.now, self.tokens, self.rates, self._arrived, inst.running
+        for rid, saved in zip(e.requests, e.resume, strict=True):
+            n = int(rid)
+            rate = rates[n] if rates[n] > _EPS else _EPS
+            prefill = r.setup_s + (r.prompt_tokens + saved) / r.prefill_tokens_per_s if saved else 0.0
+            event = sim.at(now + prefill + (tokens[n] - saved) / rate, partial(arrived, inst, n))
+            running[n] = _Run(now, prefill, float(saved), event)
+        inst.busy(now)
 
-    def _takes(self, inst: Instance) -> bool:
-        return inst.ready and inst.name not in self.reloading and len(inst.running) < inst.slots
-
-    def _start(self, inst: Instance, n: int) -> None:
-        saved = self.saved.pop(n, 0.0)
-        prefill = 0.0
-        if saved > 0:  # resumed: prefill prompt + saved tokens first
-            prefill = (
-                self._cost(n).setup_s
-                + (self.cfg.resume.prompt_tokens + saved) / self.cfg.resume.prefill_tokens_per_s
-            )
-        seconds = prefill + (self.tokens[n] - saved) / max(self.rates[n], _EPS)
-        event = self.sim.after(seconds, partial(self._finish, inst, n))
-        inst.running[n] = _Run(n, self.sim.now, prefill, saved, event)
-        inst.busy(self.sim.now)
-
-    def _finish(self, inst: Instance, n: int) -> None:
-        del inst.running[n]
-        inst.idle_if_empty(self.sim.now)
-        self.finished(n, inst.name)
-        self.assign()
+    def _arrived(self, inst: Instance, n: int) -> None:
+        """Sample n is done (the hot path: an arrival never opens a window, so no wake-up to check)."""
+        running = inst.running
+        del running[n]
+        now = self.sim.now
+        for e in self.core.handle(Arrived(now, inst.name, self.ids[n])):
+            if type(e) is Accepted:
+                self.finished(n, e.name)
+            else:
+                self._apply_rare(e)
+        if not running:
+            inst.idle_if_empty(now)
+            self._feed(StreamEnded(now, inst.name))
 
     # -- between iterations -----------------------------------------------------------------------
-    def reload(self, then: Callable[[], None]) -> None:
-        """Every live instance pulls the new version; `then` once the READY ones have it. Joiners
-        still pulling the old version start over."""
-        live = [i for i in self.instances.values() if i.ended is None]
-        self._after_reload = then
-        self.reloading = {i.name for i in live if i.ready}
-        for inst in live:
-            self.link.cancel(inst.name)
-            self._pull(inst)
-        if not self.reloading:
-            self._reload_done()
 
-    def _reload_done(self) -> None:
-        if self.reloading or self._after_reload is None:
-            return
-        then, self._after_reload = self._after_reload, None
-        then()
+    def publish(self, version: int) -> None:
+        self._feed(Published(self.sim.now, version))
+
+    def reload(self, then: Callable[[], None]) -> None:
+        """Every serving instance pulls the latest version; `then` once they all have it."""
+        self._then = then
+        self._feed(ReloadAsked(self.sim.now))
+
+    def close(self) -> None:
+        """The job is done: no more windows, grants or ticks."""
+        self.closed = True
+        self._alarm.cancel()
 
     def lives(self, end: float) -> dict[str, dict[str, float]]:
         return {name: inst.life(end) for name, inst in self.instances.items()}

@@ -1,9 +1,12 @@
 """RL jobs in virtual time: generate on instances, verify on a shared pool, update, publish; repeat.
 
 A scenario (`rlsched.sim.scenario.ScenarioConfig`) holds one or more jobs and one verifier pool they share.
-Each iteration of a job asks for `samples` generations spread over `instances` rollout instances of
-`slots` concurrent sequences each; a sample's generation time is drawn (`generate_s`, or
-`tokens / tokens_per_s`). Each finished sample becomes a pending verification of the pool's CPU
+Each iteration of a job asks for `samples` generations from its rollout fleet (`rlsched.sim.fleet`,
+a driver of the runtime's fleet core: `instances` static instances, transient ones with windows,
+each idle READY instance taking `request_batch` requests at a time, every version pulled before it
+is served); a sample's generation time is drawn (`generate_s`, or `tokens / tokens_per_s`). The
+first version goes to every instance before iteration 1, and each new one after its publish, as at
+runtime. Each finished sample becomes a pending verification of the pool's CPU
 stage; if the job has a GPU stage it then queues for a GPU worker, which runs one verification at a
 time (an exclusive device). Every dispatch is decided by `rlsched.policy.verify.decide`, the function
 the Ray controller calls, over the pending work of every job. When a job's batch is judged, its update
@@ -53,7 +56,6 @@ from rlsched.core.verify_pool_io import (
     render,
 )
 from rlsched.metrics.spans import Span, SpanKind, phase_times
-from rlsched.policy.queueing import fcfs
 from rlsched.policy.verify import (
     BatchId,
     BatchState,
@@ -65,7 +67,7 @@ from rlsched.policy.verify import (
     generation_order,
 )
 from rlsched.sim.dists import draw
-from rlsched.sim.engine import EventHandle, Simulator
+from rlsched.sim.engine import Alarm, Simulator
 from rlsched.sim.fleet import SimFleet
 from rlsched.sim.scenario import ScenarioConfig, SimJobConfig, SimPoolConfig
 from verifiers.protocol import Outcome, Prepared, Verdict
@@ -138,7 +140,7 @@ class _Stage:
         self.work: dict[TaskId, _Work] = {}
         self.jobs: list[_Job] = []
         self.busy_s = 0.0
-        self._tick: EventHandle | None = None
+        self._alarm = Alarm(sim, self._on_tick)
         for effect in self.core.start():  # the first workers are up at once
             assert isinstance(effect, StartWorker)
             self._feed(WorkerUp(sim.now, effect.worker))
@@ -155,14 +157,9 @@ class _Stage:
 
     def _feed(self, event: Event) -> None:
         self._apply(self.core.handle(event))
-        due = self.core.next_wakeup()
-        if due is not None and (self._tick is None or due < self._tick.time):
-            if self._tick is not None:
-                self._tick.cancel()
-            self._tick = self.sim.at(max(due, self.sim.now), self._on_tick)
+        self._alarm.arm(self.core.next_wakeup())
 
     def _on_tick(self) -> None:
-        self._tick = None
         self._feed(Tick(self.sim.now))
 
     def _apply(self, effects: list[Effect]) -> None:
@@ -241,9 +238,7 @@ class _Job:
         self.t_start = 0.0
         self.last_generation_s: float | None = None  # how long the previous iteration generated
         self.active = True
-        self.fleet = (
-            SimFleet(cfg, sim, self.on_sample, self._pulled, sim.record) if cfg.weights is not None else None
-        )
+        self.fleet = SimFleet(cfg, sim, self.on_sample, self._pulled, sim.record)
 
     def batch_state(self) -> BatchState:
         end = None if self.last_generation_s is None else self.t_start + self.last_generation_s
@@ -312,6 +307,11 @@ class _Job:
         if c.problems is None:
             self.base.clear()  # never seen again
 
+    def start(self) -> None:
+        """The job's first version goes to every instance before its first iteration (as at runtime)."""
+        self.fleet.publish(0)
+        self.fleet.reload(self.start_iteration)
+
     def start_iteration(self) -> None:
         c = self.cfg
         self.iteration += 1
@@ -321,16 +321,11 @@ class _Job:
         self._batch_changed()
         durations = self._generation_times(c.samples)
         self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))
-        if self.fleet is not None:  # one queue, READY instances take from it (rlsched.sim.fleet)
+        if c.tokens is None:  # the seconds model: a sample's "tokens" are its seconds, at 1 a second
+            self.tokens, rates = durations, np.ones(c.samples)
+        else:
             rates = self.tokens / np.maximum(durations, 1e-12)
-            self.fleet.start_iteration(self.tokens.tolist(), rates.tolist())
-            return
-        for inst in range(c.instances):  # sample n on instance n mod instances, `slots` at once
-            members = range(inst, c.samples, c.instances)
-            lanes = fcfs([0.0] * len(members), [float(durations[n]) for n in members], c.slots)
-            lane = f"{self.name}/rollout-{inst}"
-            for n, end in zip(members, lanes.ends, strict=True):
-                self.sim.at(self.sim.now + end, partial(self.on_sample, n, lane))
+        self.fleet.start_iteration(self.iteration, self.tokens.tolist(), rates.tolist())
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
         batch = self.batch_id
@@ -397,10 +392,8 @@ class _Job:
     def on_published(self, took: float) -> None:
         it = self.iteration
         self._span(SpanKind.PUBLISH, f"{self.name}/v{it}", self.sim.now - took, f"{self.name}/trainer")
-        if self.fleet is not None:  # every instance pulls the new version over the link first
-            self.fleet.reload(self._iteration_done)
-        else:
-            self._iteration_done()
+        self.fleet.publish(it)  # every instance pulls the new version (over the link) first
+        self.fleet.reload(self._iteration_done)
 
     def _iteration_done(self) -> None:
         it = self.iteration
@@ -411,8 +404,7 @@ class _Job:
         else:
             self.active = False
             self._batch_changed()
-            if self.fleet is not None:
-                self.fleet.closed = True
+            self.fleet.close()
 
 
 def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
@@ -432,15 +424,15 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
         for stage in (stages["cpu"], gpu):
             if stage is not None:
                 stage.jobs.append(job)
-        sim.at(0.0, job.start_iteration)
+        sim.at(0.0, job.start)
     run.events = sim.run()
     run.decisions = sim.decisions
     end = max((s.end for s in run.spans), default=0.0)
     for job in jobs:
-        if job.fleet is not None:
+        if job.cfg.weights is not None or job.cfg.transient:  # an elastic job: each instance's life
             run.instances.update(job.fleet.lives(end))
-            run.resumed += job.fleet.resumed
-            run.restarted += job.fleet.restarted
+        run.resumed += job.fleet.resumed
+        run.restarted += job.fleet.restarted
     for name, stage in stages.items():
         stage.close(end)
         run.busy_s[name] = stage.busy_s

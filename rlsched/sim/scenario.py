@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from rlsched.config import TimeoutConfig
+from rlsched.config import TimeoutConfig, TransientInstance
 from rlsched.config_load import Section, load_tree
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
@@ -64,13 +64,12 @@ class SimWeightsConfig(Section):
     load_s: float = Field(0.0, ge=0, description="load and confirm, after the transfer")
 
 
-class SimTransientConfig(Section):
-    """`count` instances granted at `join_at_s` (virtual seconds) and reclaimed `available_s` later."""
+class SimTransientConfig(TransientInstance):
+    """`count` transient instances with one window, as the runtime's `rollout.transient` has them:
+    granted `join_at_s` into iteration `join_iteration`'s generation, reclaimed `available_s` after
+    their grant (or `reclaim_at_s` into iteration `reclaim_iteration`'s generation)."""
 
-    join_at_s: float = Field(ge=0, description="when the instances are granted (virtual seconds)")
-    available_s: float = Field(gt=0, description="the window, preparation included")
     count: int = Field(1, ge=1, description="instances granted together")
-    receiver_gbps: float | None = Field(None, gt=0, description="their ingress; unset: the job's")
 
 
 class SimResumeConfig(Section):
@@ -95,6 +94,12 @@ class SimJobConfig(Section):
     instances: int = Field(2, ge=1, description="rollout instances")
     gpus_per_instance: int = Field(1, ge=0, description="devices each rollout instance holds")
     slots: int = Field(64, ge=1, description="sequences one instance generates at once (its batch)")
+    request_batch: int | None = Field(
+        None,
+        ge=1,
+        description="requests handed to an idle instance at a time, as rollout.request_batch (unset: slots)",
+    )
+    max_staleness: int = Field(0, ge=0, description="versions an instance may lag the latest, as rollout's")
     trainer_gpus: int = Field(2, ge=0, description="devices of the training group (what its idling costs)")
     generate_s: Distribution | None = Field(
         None, description="seconds to generate one sample (unset: tokens / tokens_per_s)"

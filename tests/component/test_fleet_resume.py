@@ -1,65 +1,104 @@
-"""The fleet's resume path without Ray: saved tokens from the store, the group cut, resume or restart."""
+"""The fleet's resume path without Ray: the core decides the group cut and resume or restart from
+what the durable store saved; the store keeps what each new attempt starts from; the finished
+sample gets its saved log-probabilities back."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from actors.fleet import Fleet
+from actors.fleet import fleet_params
 from rlsched.config import load_config
-from rlsched.engine.protocol import (
-    FinishReason,
-    GenerationRequest,
-    RequestId,
-    Sample,
-    SamplingParams,
-    WeightVersion,
+from rlsched.core.fleet import FleetCore
+from rlsched.core.fleet_io import (
+    Accepted,
+    Added,
+    Arrived,
+    Begun,
+    CutSaved,
+    Effect,
+    Published,
+    PullDone,
+    ReadSaved,
+    Reclaimed,
+    RequestSpec,
+    Route,
+    SavedRead,
 )
+from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
+from rlsched.policy.lifecycle import Leave
+from rlsched.rl.requests import group_of
 from rlsched.store.partial import Chunk, PartialStore
+from rlsched.store.resumes import Resumes
 
 
-def fleet_with_saved(
-    tmp_path: Path, saved: dict[str, int], overrides: list[str]
-) -> tuple[Fleet, PartialStore]:
-    cfg = load_config(None, overrides)
-    fleet = Fleet(cfg, None, tmp_path / "partial.sqlite", [], lambda: 0.0, lambda _: None)
+def saved_store(tmp_path: Path, saved: dict[str, int]) -> PartialStore:
     store = PartialStore(tmp_path / "partial.sqlite")
     store.claim(list(saved), 1, "transient-0", 0.0)
-    store.append(
-        [
-            Chunk(rid, 0, tuple(range(3, 3 + n)), tuple(-0.1 * (i + 1) for i in range(n)))
-            for rid, n in saved.items()
-        ],
-        1,
-        0.0,
-    )
-    return fleet, store
+    chunks = [
+        Chunk(rid, 0, tuple(range(3, 3 + n)), tuple(-0.1 * (i + 1) for i in range(n)))
+        for rid, n in saved.items()
+    ]
+    store.append(chunks, 1, 0.0)
+    return store
 
 
-def request(rid: str) -> GenerationRequest:
-    return GenerationRequest(RequestId(rid), (1, 2), SamplingParams(max_tokens=64))
+def reclaim(core: FleetCore, resumes: Resumes) -> list[Effect]:
+    """transient-0 (running every request) is preempted; the driver's part: read, then cut."""
+    effects = core.handle(Reclaimed(1.0, "transient-0", Leave.PREEMPTED, "a test"))
+    (read,) = [e for e in effects if isinstance(e, ReadSaved)]
+    effects = core.handle(SavedRead(1.0, "transient-0", resumes.read(read.requests)))
+    for e in effects:
+        if isinstance(e, CutSaved):
+            resumes.cut(e.request_id, e.keep)
+    return effects
+
+
+def fleet(overrides: list[str], ids: list[str]) -> FleetCore:
+    core = FleetCore(fleet_params(load_config(None, overrides)))
+    core.handle(Published(0.0, 0))
+    for name in ("transient-0", "rollout-0"):
+        core.handle(Added(0.0, name))
+        core.handle(PullDone(0.0, name, 0))
+    core.handle(Arrived(0.0, "rollout-0", "nothing"))  # not running there: dropped, not accepted
+    (route,) = core.handle(Begun(0.0, 3, tuple(RequestSpec(r, group_of(r), 2) for r in ids)))
+    assert isinstance(route, Route) and route.name == "transient-0" and route.requests == tuple(ids)
+    return core
 
 
 def test_interrupted_members_continue_from_the_shortest_saved_length(tmp_path: Path) -> None:
-    fleet, store = fleet_with_saved(tmp_path, {"3-7-0": 40, "3-7-1": 10}, [])
-    back = fleet._resume_group([request("3-7-0"), request("3-7-1")], "transient-0", now=1.0)
-    assert [len(r.resume_ids) for r in back] == [10, 10]
-    assert back[0].resume_ids == tuple(range(3, 13))
+    store = saved_store(tmp_path, {"3-7-0": 40, "3-7-1": 10})
+    resumes = Resumes(store)
+    core = fleet([], ["3-7-0", "3-7-1"])
+    effects = reclaim(core, resumes)
+    (route,) = [e for e in effects if isinstance(e, Route)]
+    assert route.name == "rollout-0" and route.resume == (10, 10)  # the other instance takes them
+    assert resumes.resume_ids("3-7-0") == tuple(range(3, 13))
     assert len(store.saved("3-7-0")) == 10  # the store holds what the new attempt starts from
-    assert (fleet.counts.resumed, fleet.counts.reused_tokens, fleet.counts.regenerated_tokens) == (2, 20, 30)
+    c = core.counts
+    assert (c.resumed, c.reused_tokens, c.regenerated_tokens, c.duplicates_dropped) == (2, 20, 30, 1)
     # the finished sample carries the saved log-probabilities for the tokens it did not generate
     new = Sample(
         RequestId("3-7-0"), (1, 2), (*range(3, 13), 99), tuple([-9.0] * 11), "", FinishReason.LENGTH,
         WeightVersion(2), resumed_tokens=10,
     )  # fmt: skip
-    stitched = fleet._stitch(new)
+    (accepted,) = core.handle(Arrived(2.0, "rollout-0", "3-7-0"))
+    assert isinstance(accepted, Accepted) and accepted.resumed is not None and accepted.resumed.kept == 10
+    done = resumes.finish(new)
+    assert done.resumed_from == 10 and done.logprob_drift > 8
+    stitched = done.sample
     assert (
         stitched.logprobs[:10] == tuple(-0.1 * (i + 1) for i in range(10)) and stitched.logprobs[10] == -9.0
     )
     assert dataclasses.replace(stitched, logprobs=new.logprobs) == new
+    assert len(store.saved("3-7-0")) == 0  # a finished sample's chunks are cleared
 
 
 def test_a_costly_resume_restarts_from_the_prompt(tmp_path: Path) -> None:
-    fleet, store = fleet_with_saved(tmp_path, {"3-1-0": 30}, ["rollout.resume_setup_s=1000"])
-    (back,) = fleet._resume_group([request("3-1-0")], "transient-0", now=1.0)
-    assert back.resume_ids == () and fleet.counts.restarted == 1 and len(store.saved("3-1-0")) == 0
+    store = saved_store(tmp_path, {"3-1-0": 30})
+    resumes = Resumes(store)
+    core = fleet(["rollout.resume_setup_s=1000"], ["3-1-0"])
+    effects = reclaim(core, resumes)
+    (route,) = [e for e in effects if isinstance(e, Route)]
+    assert route.resume == (0,) and resumes.resume_ids("3-1-0") == ()
+    assert core.counts.restarted == 1 and len(store.saved("3-1-0")) == 0

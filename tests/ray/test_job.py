@@ -71,9 +71,7 @@ def test_every_sample_in_an_update_comes_from_the_allowed_version(
         assert versions == {rec.version}
     assert [r.version for r in records] == [0, 1, 2]
     assert controller.version == 3
-    assert all(
-        ray.get(m.handle.status.remote())[:2] == ("ready", 3) for m in controller.fleet.members.values()
-    )
+    assert all(ray.get(h.status.remote())[:2] == ("ready", 3) for h in controller.fleet.handles.values())
 
 
 def test_trainer_ranks_hold_identical_weights(job: tuple[JobController, list[IterationRecord]]) -> None:

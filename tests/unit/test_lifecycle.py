@@ -10,18 +10,24 @@ import pytest
 
 from rlsched.policy.lifecycle import (
     INSTANCE_TRANSITIONS,
+    ITERATION_TRANSITIONS,
     JOB_TRANSITIONS,
     SLOT_TRANSITIONS,
     VERIFY_TRANSITIONS,
+    VERSION_TRANSITIONS,
     IllegalTransition,
     InstanceState,
+    IterationPhase,
     JobState,
     SlotState,
     VerifyState,
+    VersionState,
+    iteration_transition,
     job_transition,
     slot_transition,
     transition,
     verify_transition,
+    version_transition,
 )
 
 TABLES: list[tuple[type[StrEnum], dict[Any, frozenset[Any]], Callable[[Any, Any], Any]]] = [
@@ -29,6 +35,8 @@ TABLES: list[tuple[type[StrEnum], dict[Any, frozenset[Any]], Callable[[Any, Any]
     (SlotState, SLOT_TRANSITIONS, slot_transition),
     (VerifyState, VERIFY_TRANSITIONS, verify_transition),
     (JobState, JOB_TRANSITIONS, job_transition),
+    (VersionState, VERSION_TRANSITIONS, version_transition),
+    (IterationPhase, ITERATION_TRANSITIONS, iteration_transition),
 ]
 
 

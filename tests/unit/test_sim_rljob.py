@@ -19,7 +19,7 @@ JOB: dict[str, Any] = {
     "iterations": 2,
     "samples": 128,
     "instances": 2,
-    "slots": 16,
+    "slots": 64,  # a batch as wide as an instance's share: every sample starts at once
     "generate_s": {"kind": "lognormal", "mean": 0.2, "sigma": 0.8},
     "verify_cpu_s": {"kind": "uniform", "low": 0.005, "high": 0.05},
 }
@@ -115,12 +115,16 @@ def test_token_model_times_generation_and_the_update() -> None:
 
 @pytest.mark.parametrize(
     "group_devices, max_worker_share, max_slowdown",
-    [(1000, 0.7, 1.0), (2, 0.5, 1.1)],  # a costly idle group buys speed; a cheap one buys savings
+    # a costly idle group buys speed; a cheap one buys savings (samples arrive in batch-synchronous
+    # waves, as the runtime routes them, so there is less idle pool to give back than with per-slot
+    # refills: 0.64-0.77 of the fixed pool's worker-seconds over seeds 0-4, and 0.25-0.32)
+    [(1000, 0.8, 1.0), (2, 0.5, 1.1)],
 )
 def test_pool_scaling_weighs_worker_seconds_against_the_idle_group(
     group_devices: int, max_worker_share: float, max_slowdown: float
 ) -> None:
-    job = JOB | {"iterations": 2, "samples": 256, "verify_cpu_s": 0.05, "problems": 32, "group_size": 8}
+    job = JOB | {"iterations": 2, "samples": 256, "slots": 32, "verify_cpu_s": 0.05, "problems": 32}
+    job["group_size"] = 8
     job["trainer_gpus"] = group_devices
     base = {"cluster": {"gpus": 2000, "cpus": 64}, "jobs": [job], "policies": ["distrs"]}
     fixed = ScenarioConfig.model_validate(base | {"pool": {"cpu_workers": 32}})

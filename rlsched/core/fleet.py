@@ -1,0 +1,468 @@
+"""The rollout fleet's state core: which instances serve, which are joining or leaving, and where every
+request of an iteration is, so that each sample is produced exactly once.
+
+The Ray fleet (`actors.fleet`) and the simulator (`rlsched.sim.fleet`) both drive this class; neither
+decides anything itself. A driver feeds `handle` the events it observed, each stamped with the time it
+read from its clock, and carries out the effects returned, in order:
+
+- Routing: an iteration's requests wait in one queue; a READY instance at an admissible version that
+  runs nothing takes the next `request_batch` of them (`Route`). A joiner that becomes READY
+  mid-iteration is served at once from what is left.
+- Joining: a new instance (static, transient when its window opens, `rlsched scale`, or granted by
+  the cluster scheduler) is ALLOCATED (`StartInstance`) and pulls the latest version (`StartPull`).
+  It serves once the pull is confirmed (`PullDone`). One that confirmed a version that has since
+  become inadmissible pulls the latest first (CATCH_UP). The versions and who holds each are kept in
+  a `WeightBook` (`rlsched.core.weights`), with the weight-version lifecycle.
+- Reloading: between iterations every serving instance pulls the new version; `ReloadDone` once they
+  all have. Joiners already pulling go on and catch up afterwards.
+- Leaving: DRAINING takes nothing new and is released when its batch ends; PREEMPTED is abrupt
+  (`KillInstance`). A preempted instance's unfinished requests go back to the front of the queue with
+  what the durable store holds for them (`ReadSaved` -> `SavedRead`): the interrupted members of a
+  group are cut back to the shortest saved length among them (`truncate_group`), and each resumes or
+  restarts by the cost model (`resume_or_restart`; `CutSaved` tells the store).
+- Transient windows count from the start of generation in their iteration (and `available_s` from
+  the grant); they are looked at on every event, and `next_wakeup` says when the next is due.
+- Exactly once: a sample is accepted (`Accepted`) only from the instance currently running its
+  request and only if the request is not done yet; anything else is counted and dropped. Each
+  `Route` carries its dispatch number, the attempt under which the store takes its writes.
+
+Lifecycles: `InstanceState` per instance (`rlsched.policy.lifecycle`), each move checked.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlsched.core.fleet_io import (
+    Accepted,
+    Added,
+    Arrived,
+    Begun,
+    CutSaved,
+    Effect,
+    Event,
+    FleetCounts,
+    FleetParams,
+    Joined,
+    KillInstance,
+    Left,
+    Note,
+    Published,
+    PullDone,
+    PullWhy,
+    ReadSaved,
+    Reclaimed,
+    ReloadAsked,
+    ReloadDone,
+    RequestSpec,
+    Resumption,
+    Route,
+    SavedRead,
+    Scaled,
+    StartInstance,
+    StartPull,
+    StreamEnded,
+    Tick,
+    Window,
+)
+from rlsched.core.trace import Trace
+from rlsched.core.weights import WeightBook
+from rlsched.policy.lifecycle import INSTANCE_TRANSITIONS, InstanceState, Leave, transition
+from rlsched.policy.resume import Restart, ResumeCost, resume_or_restart, reuse, truncate_group
+
+_S = InstanceState
+_GONE = (_S.RELEASED, _S.PREEMPTED)
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class _Pull:
+    why: PullWhy
+    version: int
+    iteration: int
+    started: float
+
+
+@dataclass(slots=True)
+class _Member:
+    name: str
+    ingress_bps: float
+    window: Window | None
+    granted_at: float
+    state: InstanceState = _S.ALLOCATED
+    version: int = -1
+    pull: _Pull | None = None
+    busy: bool = False  # a batch call is in flight
+    running: dict[str, None] = field(default_factory=dict)  # its batch's requests not yet arrived
+    why: str = ""  # why it is leaving
+
+    def to(self, target: InstanceState) -> None:
+        if target not in INSTANCE_TRANSITIONS[self.state]:
+            transition(self.state, target)  # raises, naming the edges allowed
+        self.state = target
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaving:
+    why: str
+    at: float
+
+
+class FleetCore:
+    def __init__(self, params: FleetParams) -> None:
+        self.params = params
+        self.members: dict[str, _Member] = {}
+        self.weights = WeightBook(params.max_staleness)
+        self.iteration = 0
+        self.gen_start = 0.0
+        self.requests: dict[str, RequestSpec] = {}
+        self.pending: deque[str] = deque()
+        self.outstanding = 0  # requests of this iteration not yet accepted
+        self.done: set[str] = set()
+        self.resume_from: dict[str, int] = {}  # a requeued request's saved tokens it continues from
+        self.resumed: dict[str, Resumption] = {}
+        self.counts = FleetCounts()
+        self.join_errors: list[str] = []
+        self.reloading: set[str] | None = None  # the reload phase's instances still pulling
+        self._opened: set[str] = set()  # windows granted so far
+        self._leaving: dict[str, _Leaving] = {}  # preempted, waiting for their saved tokens
+        self._dispatches = 0
+        self._scaled = 0
+        self._out: list[Effect] = []
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Arrived: self._arrived,
+            StreamEnded: self._stream_ended,
+            Begun: self._begun,
+            Tick: self._tick,
+            PullDone: self._pull_done,
+            Published: self._published,
+            ReloadAsked: self._reload_asked,
+            Added: self._added,
+            Scaled: self._scaled_by_user,
+            Reclaimed: self._reclaimed,
+            SavedRead: self._saved_read,
+        }
+
+    # -- the interface -----------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Effect]:
+        """Take in one event; the effects, in the order they are to be carried out."""
+        kind = type(event)
+        self._handlers[kind](event)
+        if self.pending and kind is not Arrived:  # an arrival frees no instance: its batch runs on
+            self._dispatch()
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def generating(self) -> bool:
+        """Requests of this iteration are still to arrive."""
+        return self.outstanding > 0
+
+    def admissible(self, version: int) -> bool:
+        return self.weights.admissible(version)
+
+    def live(self, name: str) -> bool:
+        """An instance of that name exists and has not been released."""
+        m = self.members.get(name)
+        return m is not None and m.state is not _S.RELEASED
+
+    def serving(self) -> list[str]:
+        return [m.name for m in self.members.values() if self._serves(m)]
+
+    def pulling(self) -> list[str]:
+        return [m.name for m in self.members.values() if m.pull is not None]
+
+    def stranded(self) -> bool:
+        """Requests wait, yet nothing serves, joins or is due to join: only a user can help now."""
+        return bool(self.pending) and not self.serving() and not self.pulling() and self.next_wakeup() is None
+
+    def next_wakeup(self) -> float | None:
+        """When the next transient window opens or closes, if any is due."""
+        if not self.params.windows:
+            return None
+        waits = []
+        if self.generating:
+            for w in self.params.windows:
+                if w.name not in self._opened and w.join_iteration == self.iteration:
+                    waits.append(self.gen_start + w.join_at_s)
+        for m in self.members.values():
+            end = m.window
+            if end is None or m.state in _GONE or m.state is _S.DRAINING:
+                continue
+            if end.available_s is not None:
+                waits.append(m.granted_at + end.available_s)
+            elif end.reclaim_iteration == self.iteration and self.generating:
+                waits.append(self.gen_start + end.reclaim_at_s)
+        return min(waits) if waits else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The fleet as `rlsched scale` shows it."""
+        return {
+            "iteration": self.iteration,
+            "latest_version": self.weights.latest,
+            "instances": {
+                n: {"state": str(m.state), "version": m.version, "running": len(m.running)}
+                for n, m in self.members.items()
+            },
+        }
+
+    def _emit(self, effect: Effect) -> None:
+        self._out.append(effect)
+
+    def _serves(self, m: _Member) -> bool:
+        return m.state is _S.READY and self.weights.admissible(m.version)
+
+    # -- membership --------------------------------------------------------------------------------
+
+    def _added(self, e: Added) -> None:
+        self._add(e.name, e.ingress_bps, None, e.at)
+
+    def _add(self, name: str, ingress_bps: float, window: Window | None, at: float) -> None:
+        old = self.members.get(name)
+        if old is not None and old.state is not _S.RELEASED:
+            raise ValueError(f"an instance named {name} already exists")
+        self.members.pop(name, None)
+        m = self.members[name] = _Member(name, ingress_bps, window, at)
+        self._emit(StartInstance(name, ingress_bps))
+        if self.weights.latest is not None:
+            self._pull(m, at)
+
+    def _scaled_by_user(self, e: Scaled) -> None:
+        for _ in range(e.add):
+            self._scaled += 1
+            name = f"scaled-{self._scaled}"
+            self._add(name, e.ingress_bps, None, e.at)
+            self._emit(Note(f"scale: {name} allocated; it serves once it has the latest version"))
+        for name in e.remove:
+            m = self.members.get(name)
+            if m is None or m.state in _GONE:
+                live = ", ".join(n for n, x in self.members.items() if x.state is not _S.RELEASED)
+                self._emit(Note(f"scale: no live instance named {name} (live: {live})"))
+                continue
+            self._leave(m, e.leave, "rlsched scale", e.at)
+
+    def _reclaimed(self, e: Reclaimed) -> None:
+        m = self.members.get(e.name)
+        if m is not None and m.state not in _GONE:
+            self._leave(m, e.leave, e.why, e.at)
+
+    def _leave(self, m: _Member, leave: Leave, why: str, at: float) -> None:
+        if leave is Leave.PREEMPTED or m.state is not _S.READY:  # one not serving has nothing to finish
+            self._preempt(m, why, at)
+            return
+        m.to(_S.DRAINING)
+        m.why = why
+        self._emit(Note(f"{m.name} draining ({why}): {len(m.running)} request(s) to finish"))
+        self._release_if_drained(m, at)
+
+    def _release_if_drained(self, m: _Member, at: float) -> None:
+        if m.state is _S.DRAINING and not m.busy:
+            m.to(_S.RELEASED)
+            self.weights.gone(m.name)
+            self.counts.drained += 1
+            self._emit(KillInstance(m.name))
+            self._emit(Left(m.name, Leave.DRAINING, m.why, 0, at))
+
+    def _preempt(self, m: _Member, why: str, at: float) -> None:
+        """Reclaimed at once: the instance is killed, its unfinished requests go back once the store
+        says what it saved of them."""
+        m.to(_S.PREEMPTED)
+        m.pull, m.busy, m.why = None, False, why
+        self.weights.gone(m.name)
+        self.counts.preempted += 1
+        self._emit(KillInstance(m.name))
+        self._reloaded(m.name)
+        if m.running:
+            self._leaving[m.name] = _Leaving(why, at)
+            self._emit(ReadSaved(m.name, tuple(m.running)))
+        else:
+            self._requeue(m, {}, _Leaving(why, at))
+
+    def _saved_read(self, e: SavedRead) -> None:
+        leaving = self._leaving.pop(e.name)
+        self._requeue(self.members[e.name], dict(e.saved), leaving)
+
+    def _requeue(self, m: _Member, saved: dict[str, int], leaving: _Leaving) -> None:
+        """A reclaimed instance's unfinished requests, to the front of the queue, group by group."""
+        groups: dict[str, list[str]] = {}
+        for rid in m.running:
+            groups.setdefault(self.requests[rid].group, []).append(rid)
+        m.running = {}
+        back: list[str] = []
+        for members in groups.values():
+            back.extend(self._resume_group(members, saved, m.name, leaving.at))
+        self.pending.extendleft(reversed(back))
+        m.to(_S.RELEASED)
+        self._emit(Left(m.name, Leave.PREEMPTED, leaving.why, len(back), leaving.at))
+        self._emit(Note(f"{m.name} preempted ({leaving.why}): {len(back)} request(s) go back to the queue"))
+
+    def _resume_group(self, rids: list[str], saved: dict[str, int], source: str, at: float) -> list[str]:
+        lengths = {rid: saved.get(rid, 0) for rid in rids}
+        cut = truncate_group(lengths, finished=())
+        reused, regenerated = reuse(lengths, cut)
+        for rid in rids:
+            spec = self.requests[rid]
+            keep = cut[rid]
+            choice = resume_or_restart(spec.prompt_tokens, keep, self._cost(spec)).choice
+            if choice is Restart.RESTART:
+                keep = 0
+                self.counts.restarted += 1
+            else:
+                self.counts.resumed += 1
+            self._emit(CutSaved(rid, keep))
+            self.resume_from[rid] = keep
+            self.resumed[rid] = Resumption(keep, lengths[rid], at, source, choice)
+        if any(self.resume_from[rid] for rid in rids):
+            self.counts.reused_tokens += reused
+        self.counts.regenerated_tokens += regenerated
+        return rids
+
+    def _cost(self, spec: RequestSpec) -> ResumeCost:
+        c = self.params.cost  # the request's own decode speed prices the tokens a restart redoes
+        if spec.decode_tokens_per_s is None:
+            return c
+        return ResumeCost(c.prefill_tokens_per_s, max(spec.decode_tokens_per_s, _EPS), c.setup_s)
+
+    # -- weights -----------------------------------------------------------------------------------
+
+    def _published(self, e: Published) -> None:
+        self.weights.publish(e.version)
+
+    def _pull(self, m: _Member, at: float, reload: bool = False) -> None:
+        latest = self.weights.latest
+        assert latest is not None
+        why = PullWhy.JOIN if m.state is _S.ALLOCATED else PullWhy.RELOAD if reload else PullWhy.CATCH_UP
+        m.to(_S.TRANSFERRING)
+        m.pull = _Pull(why, latest, self.iteration, at)
+        self.weights.pull_started(m.name, latest)
+        self._emit(StartPull(m.name, latest, why))
+
+    def _reload_asked(self, e: ReloadAsked) -> None:
+        if self.weights.latest is None:
+            raise ValueError("a reload before any version was published")
+        targets = [
+            m
+            for m in self.members.values()
+            if m.state is _S.READY or (m.state is _S.ALLOCATED and m.pull is None)
+        ]
+        self.reloading = {m.name for m in targets}
+        for m in targets:
+            self._pull(m, e.at, reload=True)
+        if not targets:
+            self._reload_finished()
+
+    def _reloaded(self, name: str) -> None:
+        if self.reloading is not None and name in self.reloading:
+            self.reloading.discard(name)
+            if not self.reloading:
+                self._reload_finished()
+
+    def _reload_finished(self) -> None:
+        self.reloading = None
+        self._emit(ReloadDone())
+
+    def _pull_done(self, e: PullDone) -> None:
+        m = self.members.get(e.name)
+        if m is None or m.pull is None:  # it left meanwhile
+            return
+        pull, m.pull = m.pull, None
+        if e.error:
+            self._join_failed(m, e.error)
+        else:
+            for target in (_S.LOADING, _S.CONFIRMING, _S.READY):
+                m.to(target)
+            m.version = e.version
+            self.weights.confirmed(m.name, e.version)
+            if pull.why is PullWhy.JOIN:
+                self.counts.joined += 1
+            self._emit(Joined(m.name, e.version, pull.why, pull.iteration, pull.started))
+            if not self.weights.admissible(m.version):  # a newer version was published meanwhile
+                self._pull(m, e.at)
+        self._reloaded(m.name)
+
+    def _join_failed(self, m: _Member, error: str) -> None:
+        """It released itself (it could not confirm a version) or died; it never served this one."""
+        self.counts.join_failures += 1
+        self.join_errors.append(f"{m.name} could not join: {error}")
+        self.weights.gone(m.name)
+        m.to(_S.RELEASED)
+        self._emit(Note(self.join_errors[-1]))
+        self._emit(KillInstance(m.name))
+
+    # -- an iteration's generation -----------------------------------------------------------------
+
+    def _begun(self, e: Begun) -> None:
+        self.iteration, self.gen_start = e.iteration, e.at
+        self.requests = {r.request_id: r for r in e.requests}
+        self.pending = deque(self.requests)
+        self.outstanding = len(self.requests)
+        self.done, self.resumed, self.resume_from = set(), {}, {}
+        self._windows(e.at)
+
+    def _tick(self, e: Tick) -> None:
+        self._windows(e.at)
+
+    def _windows(self, now: float) -> None:
+        """Transient windows that open or close now."""
+        for w in self.params.windows:
+            if w.name not in self._opened and self._due(w.join_iteration, w.join_at_s, now):
+                self._opened.add(w.name)
+                self._add(w.name, w.ingress_bps, w, now)
+        for m in list(self.members.values()):
+            end = m.window
+            if end is None or m.state in _GONE or m.state is _S.DRAINING:
+                continue
+            ends = (end.available_s is not None and now >= m.granted_at + end.available_s) or (
+                end.reclaim_iteration is not None and self._due(end.reclaim_iteration, end.reclaim_at_s, now)
+            )
+            if ends:
+                self._leave(m, end.leave, "its availability window ended", now)
+
+    def _due(self, iteration: int, at_s: float, now: float) -> bool:
+        """Past `at_s` into iteration `iteration`'s generation (or that iteration is over)."""
+        if self.iteration != iteration:
+            return self.iteration > iteration
+        return self.generating and now >= self.gen_start + at_s
+
+    def _dispatch(self) -> None:
+        batch_size = self.params.request_batch
+        for m in self.members.values():
+            if not self.pending:
+                return
+            if m.busy or m.state is not _S.READY or not self.weights.admissible(m.version):
+                continue
+            pending = self.pending
+            batch = tuple(pending.popleft() for _ in range(min(batch_size, len(pending))))
+            self._dispatches += 1
+            m.running = dict.fromkeys(batch)
+            m.busy = True
+            resume = self.resume_from
+            self._emit(Route(m.name, batch, self._dispatches, tuple(resume.get(r, 0) for r in batch)))
+
+    def _arrived(self, e: Arrived) -> None:
+        m = self.members.get(e.name)
+        rid = e.request_id
+        if m is None or rid in self.done or rid not in m.running:
+            self.counts.duplicates_dropped += 1
+            return
+        del m.running[rid]
+        self.done.add(rid)
+        self.outstanding -= 1
+        self._out.append(Accepted(e.name, rid, self.resumed.get(rid)))
+
+    def _stream_ended(self, e: StreamEnded) -> None:
+        m = self.members.get(e.name)
+        if m is None or not m.busy:
+            return
+        m.busy = False
+        if m.running:  # it ended without these (e.g. aborted): they go back
+            self.pending.extendleft(reversed(list(m.running)))
+            m.running = {}
+        self._release_if_drained(m, e.at)
+
+
+FleetTrace = Trace[FleetCore, Event, Effect]
