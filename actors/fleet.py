@@ -74,6 +74,13 @@ from rlsched.store.partial import PartialStore
 from rlsched.store.resumes import Resumes
 
 
+def store_path(cfg: JobConfig, out_dir: Path | None) -> Path | None:
+    """Where the partial-output store lives: store.path, else partial.sqlite in the run's directory."""
+    if not cfg.store.enabled:
+        return None
+    return cfg.store.path or (out_dir or cfg.run.out_dir) / "partial.sqlite"
+
+
 def fleet_params(cfg: JobConfig) -> FleetParams:
     """The core's parameters from the job's config (transient windows named `transient-K`)."""
     r, w = cfg.rollout, cfg.weights

@@ -19,8 +19,10 @@ from typing import Any
 import ray
 
 from actors.cluster import ClusterClient, JobStopped, find_scheduler, job_spec
-from actors.controller import IterationRecord, JobController, commit_record, store_path
+from actors.controller import JobController
+from actors.fleet import store_path
 from actors.interrupt import ctrl_c
+from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox
 from rlsched.config import EngineKind, JobConfig
 from rlsched.errors import UserError

@@ -121,7 +121,6 @@ class FleetCore:
         self.requests: dict[str, RequestSpec] = {}
         self.pending: deque[str] = deque()
         self.outstanding = 0  # requests of this iteration not yet accepted
-        self.done: set[str] = set()
         self.resume_from: dict[str, int] = {}  # a requeued request's saved tokens it continues from
         self.resumed: dict[str, Resumption] = {}
         self.counts = FleetCounts()
@@ -251,6 +250,9 @@ class FleetCore:
             self._leave(m, e.leave, e.why, e.at)
 
     def _leave(self, m: _Member, leave: Leave, why: str, at: float) -> None:
+        if leave is Leave.DRAINING and m.state is _S.DRAINING:  # asked again: it is finishing already
+            self._emit(Note(f"{m.name} is already draining: {len(m.running)} request(s) to finish"))
+            return
         if leave is Leave.PREEMPTED or m.state is not _S.READY:  # one not serving has nothing to finish
             self._preempt(m, why, at)
             return
@@ -303,7 +305,6 @@ class FleetCore:
     def _resume_group(self, rids: list[str], saved: dict[str, int], source: str, at: float) -> list[str]:
         lengths = {rid: saved.get(rid, 0) for rid in rids}
         cut = truncate_group(lengths, finished=())
-        reused, regenerated = reuse(lengths, cut)
         for rid in rids:
             spec = self.requests[rid]
             keep = cut[rid]
@@ -313,12 +314,12 @@ class FleetCore:
                 self.counts.restarted += 1
             else:
                 self.counts.resumed += 1
+            reused, regenerated = reuse({rid: lengths[rid]}, {rid: keep})  # a restart redoes all it saved
+            self.counts.reused_tokens += reused
+            self.counts.regenerated_tokens += regenerated
             self._emit(CutSaved(rid, keep))
             self.resume_from[rid] = keep
             self.resumed[rid] = Resumption(keep, lengths[rid], at, source, choice)
-        if any(self.resume_from[rid] for rid in rids):
-            self.counts.reused_tokens += reused
-        self.counts.regenerated_tokens += regenerated
         return rids
 
     def _cost(self, spec: RequestSpec) -> ResumeCost:
@@ -400,7 +401,7 @@ class FleetCore:
         self.requests = {r.request_id: r for r in e.requests}
         self.pending = deque(self.requests)
         self.outstanding = len(self.requests)
-        self.done, self.resumed, self.resume_from = set(), {}, {}
+        self.resumed, self.resume_from = {}, {}
         self._windows(e.at)
 
     def _tick(self, e: Tick) -> None:
@@ -436,23 +437,29 @@ class FleetCore:
             if m.busy or m.state is not _S.READY or not self.weights.admissible(m.version):
                 continue
             pending = self.pending
-            batch = tuple(pending.popleft() for _ in range(min(batch_size, len(pending))))
+            batch = tuple([pending.popleft() for _ in range(min(batch_size, len(pending)))])
             self._dispatches += 1
             m.running = dict.fromkeys(batch)
             m.busy = True
             resume = self.resume_from
-            self._emit(Route(m.name, batch, self._dispatches, tuple(resume.get(r, 0) for r in batch)))
+            kept = tuple([resume.get(r, 0) for r in batch]) if resume else (0,) * len(batch)
+            self._emit(Route(m.name, batch, self._dispatches, kept))
 
     def _arrived(self, e: Arrived) -> None:
-        m = self.members.get(e.name)
-        rid = e.request_id
-        if m is None or rid in self.done or rid not in m.running:
+        accepted = self.arrived(e.name, e.request_id)
+        if accepted is not None:
+            self._out.append(accepted)
+
+    def arrived(self, name: str, request_id: str) -> Accepted | None:
+        """`handle(Arrived(...))` without the event around it: the simulator's per-sample call (an
+        arrival decides nothing else, so its only effect is this one)."""
+        m = self.members.get(name)
+        if m is None or request_id not in m.running:  # accepted already from where it ran, or never sent
             self.counts.duplicates_dropped += 1
-            return
-        del m.running[rid]
-        self.done.add(rid)
+            return None
+        del m.running[request_id]
         self.outstanding -= 1
-        self._out.append(Accepted(e.name, rid, self.resumed.get(rid)))
+        return Accepted(name, request_id, self.resumed.get(request_id))
 
     def _stream_ended(self, e: StreamEnded) -> None:
         m = self.members.get(e.name)

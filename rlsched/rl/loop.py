@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rlsched.config import JobConfig
+from rlsched.core import iteration as it
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
@@ -111,7 +112,8 @@ class GRPOLoop:
         self.pool = LocalPool(cfg.verifier, cfg.grpo.verify_retries)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
-        self.version = WeightVersion(0)
+        self.core = it.IterationCore(it.IterationParams(max_staleness=cfg.rollout.max_staleness))
+        self.phases = it.Phases()  # what the core asked for, run in `step`'s order
         self.log = log
         self.sampling = sampling_params(cfg.sampling, self.template)
 
@@ -130,6 +132,20 @@ class GRPOLoop:
         )
         return self.pool.verify(task, verifier, VerifyRequest(sample.request_id, sample.text, problem.answer))
 
+    @property
+    def version(self) -> WeightVersion:
+        return WeightVersion(self.core.version)
+
+    def _feed(self, event: it.Event) -> list[it.Verify]:
+        """Hand the core an event: the samples it says to verify now (the phases are kept for later)."""
+        verify = []
+        for e in self.core.handle(event):
+            if isinstance(e, it.Verify):
+                verify.append(e)
+            else:
+                self.phases.ask(e)
+        return verify
+
     def generate_and_verify(
         self, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]
     ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
@@ -137,7 +153,13 @@ class GRPOLoop:
         outcomes: dict[RequestId, Outcome] = {}
         for sample in self.engine.generate(requests):  # each sample is judged the moment it exists
             samples[sample.request_id] = sample
-            outcomes[sample.request_id] = self.verify(sample, references[sample.request_id])
+            arrived = it.SampleArrived(time.monotonic(), sample.request_id, int(sample.weight_version))
+            for verify in self._feed(arrived):
+                for rid in verify.request_ids:
+                    outcomes[RequestId(rid)] = self.verify(
+                        samples[RequestId(rid)], references[RequestId(rid)]
+                    )
+                    self._feed(it.Judged(time.monotonic(), rid))
         return samples, outcomes
 
     def update(self, items: list[TrainItem]) -> LossStats:
@@ -145,11 +167,10 @@ class GRPOLoop:
             self.policy, self.optimizer, items, self.cfg.grpo, options=self.options, reference=self.reference
         )
 
-    def publish(self) -> str:
-        """The new version's BF16 bytes go to the engine, as they will go to remote instances."""
+    def publish(self, version: int) -> str:
+        """The new version's BF16 bytes go to the engine, as they go to remote instances."""
         blob = to_bf16_bytes(self.policy)
-        self.version = WeightVersion(self.version + 1)
-        loaded = self.engine.load_weights(blob, self.version)
+        loaded = self.engine.load_weights(blob, WeightVersion(version))
         if loaded != checksum(blob):
             raise RuntimeError("engine confirmed a different checksum than was published")
         return loaded
@@ -161,24 +182,34 @@ class GRPOLoop:
         phase: dict[str, float] = {}
         t = time.monotonic()
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
+        iteration = self.core.iteration + 1
         requests, references = group_requests(  # 1
             problems,
             self.cfg.grpo.group_size,
-            str(self.version + 1),  # the iteration, as the Ray controller names its requests
+            str(iteration),  # as the Ray controller names its requests
             self.ckpt.tokenizer,
             self.template,
             self.sampling,
             run_seed_for_requests(self.cfg),
         )
-        samples, outcomes = self.generate_and_verify(requests, references)
+        self._feed(it.Started(t, iteration, tuple(r.request_id for r in requests)))
+        samples, outcomes = self.generate_and_verify(requests, references)  # 2
         phase["generate_verify"] = time.monotonic() - t
         t = time.monotonic()
-        batch = assemble([r.request_id for r in requests], samples, outcomes, self.cfg.grpo.group_size)
+        update = self.phases.take(it.Update)
+        ids = [RequestId(r) for r in update.request_ids]
+        batch = assemble(ids, samples, outcomes, self.cfg.grpo.group_size, update.oldest)  # 3
         self._set_lr(step)
-        stats = self.update(batch.items) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)
+        stats = self.update(batch.items) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)  # 4
+        self._feed(it.Updated(time.monotonic()))
         phase["update"] = time.monotonic() - t
         t = time.monotonic()
-        self.publish()
+        version = self.phases.take(it.Publish).version
+        self.publish(version)  # 5: the engine loads it in this process, so its reload is done too
+        self._feed(it.VersionPublished(time.monotonic(), version))
+        self.phases.take(it.Reload)
+        self._feed(it.Reloaded(time.monotonic()))
+        self.phases.take(it.Committed)
         phase["publish"] = time.monotonic() - t
         rewards = [o.reward for o in outcomes.values() if isinstance(o, Verdict)]
         return StepRecord(

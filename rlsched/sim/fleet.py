@@ -22,13 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
 
 from rlsched.core.fleet import FleetCore
 from rlsched.core.fleet_io import (
     Accepted,
     Added,
-    Arrived,
     Begun,
     Effect,
     Event,
@@ -116,11 +114,8 @@ class Link:
             cb()
 
 
-class _Run(NamedTuple):
-    start: float
-    prefill_s: float  # before any new token: the prompt plus resumed tokens
-    saved: float  # output tokens it started with (resumed)
-    event: EventHandle
+# one running sample: (start, prefill_s before any new token, saved tokens it started with, its end)
+_Run = tuple[float, float, float, EventHandle]
 
 
 @dataclass
@@ -293,8 +288,8 @@ class SimFleet:
         inst.ended = self.sim.now
         if self.link is not None:
             self.link.cancel(name)
-        for run in inst.running.values():
-            run.event.cancel()
+        for _, _, _, event in inst.running.values():
+            event.cancel()
 
     def _saved(self, e: ReadSaved) -> tuple[tuple[str, int], ...]:
         """What a reclaimed instance had decoded of each request: its saved tokens."""
@@ -302,9 +297,9 @@ class SimFleet:
         out = []
         for rid in e.requests:
             n = int(rid)
-            run = inst.running[n]
-            decoded = max(0.0, now - run.start - run.prefill_s) * self.rates[n]
-            out.append((rid, int(min(run.saved + decoded, self.tokens[n]))))
+            start, prefill_s, saved, _ = inst.running[n]
+            decoded = max(0.0, now - start - prefill_s) * self.rates[n]
+            out.append((rid, int(min(saved + decoded, self.tokens[n]))))
         inst.running = {}
         inst.idle_if_empty(now)
         return tuple(out)
@@ -318,8 +313,7 @@ class SimFleet:
             self.ids = [str(n) for n in range(len(tokens))]
         prompt, size = int(c.resume.prompt_tokens), c.group_size
         requests = tuple(
-            RequestSpec(rid, str(n // size), prompt, rates[n] if rates[n] > _EPS else _EPS)
-            for n, rid in enumerate(self.ids)
+            [RequestSpec(rid, str(n // size), prompt, max(rates[n], _EPS)) for n, rid in enumerate(self.ids)]
         )
         self._feed(Begun(self.sim.now, iteration, requests))
 
@@ -331,7 +325,7 @@ class SimFleet:
             rate = rates[n] if rates[n] > _EPS else _EPS
             prefill = r.setup_s + (r.prompt_tokens + saved) / r.prefill_tokens_per_s if saved else 0.0
             event = sim.at(now + prefill + (tokens[n] - saved) / rate, partial(arrived, inst, n))
-            running[n] = _Run(now, prefill, float(saved), event)
+            running[n] = (now, prefill, float(saved), event)
         inst.busy(now)
 
     def _arrived(self, inst: Instance, n: int) -> None:
@@ -339,11 +333,8 @@ class SimFleet:
         running = inst.running
         del running[n]
         now = self.sim.now
-        for e in self.core.handle(Arrived(now, inst.name, self.ids[n])):
-            if type(e) is Accepted:
-                self.finished(n, e.name)
-            else:
-                self._apply_rare(e)
+        if self.core.arrived(inst.name, self.ids[n]) is not None:  # as handle(Arrived), per sample
+            self.finished(n, inst.name)
         if not running:
             inst.idle_if_empty(now)
             self._feed(StreamEnded(now, inst.name))

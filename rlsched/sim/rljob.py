@@ -34,6 +34,21 @@ from functools import partial
 
 import numpy as np
 
+from rlsched.core.iteration import (
+    Committed,
+    IterationCore,
+    IterationParams,
+    Publish,
+    Reload,
+    Reloaded,
+    Started,
+    Update,
+    Updated,
+    Verify,
+    VersionPublished,
+)
+from rlsched.core.iteration import Effect as IterationEffect
+from rlsched.core.iteration import Event as IterationEvent
 from rlsched.core.verify_pool import VerifyPoolCore
 from rlsched.core.verify_pool_io import (
     Effect,
@@ -157,7 +172,9 @@ class _Stage:
 
     def _feed(self, event: Event) -> None:
         self._apply(self.core.handle(event))
-        self._alarm.arm(self.core.next_wakeup())
+        due, alarm = self.core.next_wakeup(), self._alarm
+        if due is not None and (alarm.handle is None or due < alarm.handle.time):  # inline: per event
+            alarm.arm(due)
 
     def _on_tick(self) -> None:
         self._feed(Tick(self.sim.now))
@@ -165,13 +182,17 @@ class _Stage:
     def _apply(self, effects: list[Effect]) -> None:
         sim = self.sim
         for e in effects:  # the common effects first, in the order they are most frequent
-            if isinstance(e, StartRun):
+            kind = type(e)
+            if kind is StartRun:
+                assert isinstance(e, StartRun)
                 work = self.work[e.task.task_id]
                 sim.after(work.seconds, partial(self._finished, e.task, sim.now, work.prepares))
                 sim.decisions.append(dispatch_line(e, sim.now))
-            elif isinstance(e, RunEnded):
+            elif kind is RunEnded:
+                assert isinstance(e, RunEnded)
                 self._ended(e)
-            elif isinstance(e, Settled):
+            elif kind is Settled:
+                assert isinstance(e, Settled)
                 self.work.pop(e.task_id).done(e.task_id, e.outcome)
             elif isinstance(e, HandedOn):
                 self.work.pop(e.task.task_id).done(e.task.task_id, e.task)
@@ -225,35 +246,55 @@ class _Job:
         self.name = cfg.name
         self.cpu_s: np.ndarray = np.zeros(0)
         self.gpu_s: np.ndarray = np.zeros(0)
+        self.cpu_list: list[float] = []
         self.tokens: np.ndarray = np.zeros(0)
         self.problem_of: list[int] = []  # sample n of this iteration -> its problem
         self.base: dict[int, tuple[float, float]] = {}  # a problem's CPU and GPU verify seconds
         self.order = np.zeros(0, dtype=np.int64)  # the dataset's problems in this epoch's order
         self.next_problem = 0
-        self.held: list[tuple[PendingVerification, _Work]] = []  # sequential baseline: the batch so far
-        self.iteration = 0
-        self.batch_id = BatchId(f"{self.name}/iter-0")
-        self.generating = 0
-        self.unjudged = 0
-        self.t_start = 0.0
-        self.last_generation_s: float | None = None  # how long the previous iteration generated
+        self.ids: list[str] = []  # sample n's id in this iteration
+        self.arrivals: dict[str, tuple[int, PendingVerification]] = {}  # until the core says verify
+        self.reads_batches = cpu.params.policy is DispatchPolicy.DISTRS  # the only policy that does
         self.active = True
+        self.core = IterationCore(
+            IterationParams(
+                cfg.overlap, float(cfg.trainer_gpus), cfg.max_staleness, f"{cfg.name}/iter-", cfg.name
+            )
+        )
         self.fleet = SimFleet(cfg, sim, self.on_sample, self._pulled, sim.record)
 
+    @property
+    def iteration(self) -> int:
+        return self.core.iteration
+
     def batch_state(self) -> BatchState:
-        end = None if self.last_generation_s is None else self.t_start + self.last_generation_s
-        return BatchState(
-            BatchId(f"{self.name}/iter-{self.iteration}"),
-            cost_rate=float(self.cfg.trainer_gpus),
-            outstanding=self.generating,
-            generation_end=end,
-            kind=self.name,
-        )
+        return self.core.batch_state()
+
+    def _feed(self, event: IterationEvent) -> None:
+        self._apply(self.core.handle(event))
+
+    def _apply(self, effects: list[IterationEffect]) -> None:
+        for e in effects:
+            if type(e) is Verify:
+                self._verify(e.request_ids)
+            elif isinstance(e, Update):
+                self._update()
+            elif isinstance(e, Publish):
+                publish = float(draw(self.cfg.publish_s, self.sim.rng, 1)[0])
+                self.sim.after(publish, partial(self.on_published, e.version, publish))
+            elif isinstance(e, Reload):  # every instance pulls the new version (over the link) first
+                self.fleet.publish(e.version)
+                self.fleet.reload(partial(self._at_now, Reloaded))
+            elif isinstance(e, Committed):
+                self._iteration_done(e)
+
+    def _at_now(self, kind: type[Updated | Reloaded]) -> None:
+        self._feed(kind(self.sim.now))
 
     def _span(self, kind: SpanKind, span_id: str, start: float, lane: str) -> None:
         """A span of the current iteration ending now."""
         attrs = {"lane": lane, "job": self.name}
-        self.run.spans.append(Span(kind, span_id, start, self.sim.now, self.iteration, attrs))
+        self.run.spans.append(Span(kind, span_id, start, self.sim.now, self.core.iteration, attrs))
 
     def _generation_times(self, n: int) -> np.ndarray:
         c, rng = self.cfg, self.sim.rng
@@ -304,6 +345,7 @@ class _Job:
             sigma = c.verify_spread
             self.cpu_s *= rng.lognormal(-(sigma**2) / 2, sigma, c.samples)
             self.gpu_s *= rng.lognormal(-(sigma**2) / 2, sigma, c.samples)
+        self.cpu_list = self.cpu_s.tolist()  # read per sample: floats, not numpy scalars
         if c.problems is None:
             self.base.clear()  # never seen again
 
@@ -314,10 +356,9 @@ class _Job:
 
     def start_iteration(self) -> None:
         c = self.cfg
-        self.iteration += 1
-        self.t_start = self.sim.now
-        self.generating = self.unjudged = c.samples
-        self.batch_id = BatchId(f"{self.name}/iter-{self.iteration}")
+        it = self.core.iteration + 1
+        self.ids = [f"{self.name}/{it}-{n}" for n in range(c.samples)]
+        self._feed(Started(self.sim.now, it, tuple(self.ids)))
         self._batch_changed()
         durations = self._generation_times(c.samples)
         self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))
@@ -328,7 +369,7 @@ class _Job:
         self.fleet.start_iteration(self.iteration, self.tokens.tolist(), rates.tolist())
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
-        batch = self.batch_id
+        batch = BatchId(f"{self.name}/iter-{self.core.iteration}")
         key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
         return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
@@ -343,40 +384,41 @@ class _Job:
         return (self.cpu,) if self.gpu is None else (self.cpu, self.gpu)
 
     def _batch_changed(self) -> None:
-        if self.cpu.params.policy is DispatchPolicy.DISTRS:  # the only policy that reads batches
+        if self.reads_batches:
             for stage in self._stages():
                 stage.batches_changed()
 
     def on_sample(self, n: int, lane: str) -> None:
-        task = TaskId(f"{self.name}/{self.iteration}-{n}")
-        self._span(SpanKind.GENERATE, task, self.t_start, lane)
-        pending = self._pending(task, n, self.cfg.verify_slots)
-        self.generating -= 1
-        if self.generating == 0:
-            self.last_generation_s = self.sim.now - self.t_start
-        self._batch_changed()
-        work = _Work(float(self.cpu_s[n]), partial(self.on_cpu_done, n), self.iteration, self.gpu is not None)
-        if self.cfg.overlap:
-            self.cpu.submit([(pending, work)])
-            return
-        self.held.append((pending, work))
-        if self.generating == 0:
-            self.cpu.submit(self.held)
-            self.held = []
+        task = TaskId(self.ids[n])
+        self._span(SpanKind.GENERATE, task, self.core.started, lane)
+        self.arrivals[task] = (n, self._pending(task, n, self.cfg.verify_slots))
+        self._apply(self.core.sample_arrived(self.sim.now, task, self.core.version))  # handle(SampleArrived)
+        if self.reads_batches:
+            self._batch_changed()
+
+    def _verify(self, tasks: tuple[str, ...]) -> None:
+        """The core hands these to the pool: each with its drawn seconds, and whom to tell."""
+        it, prepares, out = self.core.iteration, self.gpu is not None, []
+        for task in tasks:
+            n, pending = self.arrivals.pop(task)
+            out.append((pending, _Work(self.cpu_list[n], partial(self.on_cpu_done, n), it, prepares)))
+        self.cpu.submit(out)
 
     def on_cpu_done(self, n: int, task: TaskId, result: Outcome | PendingVerification) -> None:
         if self.gpu is None or not isinstance(result, PendingVerification):
-            self.on_judged()  # judged here (or the CPU stage failed it for good)
+            self.on_judged(task)  # judged here (or the CPU stage failed it for good)
             return
-        self.gpu.submit([(result, _Work(float(self.gpu_s[n]), self.on_gpu_done, self.iteration))])
+        self.gpu.submit([(result, _Work(float(self.gpu_s[n]), self.on_gpu_done, self.core.iteration))])
 
     def on_gpu_done(self, task: TaskId, result: Outcome | PendingVerification) -> None:
-        self.on_judged()
+        self.on_judged(task)
 
-    def on_judged(self) -> None:
-        self.unjudged -= 1
-        if self.unjudged > 0:
-            return
+    def on_judged(self, task: TaskId) -> None:
+        effects = self.core.judged_now(self.sim.now, task)  # handle(Judged), per sample
+        if effects:
+            self._apply(effects)
+
+    def _update(self) -> None:
         c = self.cfg
         update = float(draw(c.update_s, self.sim.rng, 1)[0])
         if c.update_tokens_per_s is not None:
@@ -384,20 +426,17 @@ class _Job:
         self.sim.after(update, partial(self.on_updated, update))
 
     def on_updated(self, took: float) -> None:
-        it, lane = self.iteration, f"{self.name}/trainer"
+        it, lane = self.core.iteration, f"{self.name}/trainer"
         self._span(SpanKind.UPDATE, f"{self.name}/update-{it}", self.sim.now - took, lane)
-        publish = float(draw(self.cfg.publish_s, self.sim.rng, 1)[0])
-        self.sim.after(publish, partial(self.on_published, publish))
+        self._feed(Updated(self.sim.now))
 
-    def on_published(self, took: float) -> None:
-        it = self.iteration
-        self._span(SpanKind.PUBLISH, f"{self.name}/v{it}", self.sim.now - took, f"{self.name}/trainer")
-        self.fleet.publish(it)  # every instance pulls the new version (over the link) first
-        self.fleet.reload(self._iteration_done)
+    def on_published(self, version: int, took: float) -> None:
+        self._span(SpanKind.PUBLISH, f"{self.name}/v{version}", self.sim.now - took, f"{self.name}/trainer")
+        self._feed(VersionPublished(self.sim.now, version))
 
-    def _iteration_done(self) -> None:
-        it = self.iteration
-        self._span(SpanKind.ITERATION, f"{self.name}/iter-{it}", self.t_start, f"{self.name}/controller")
+    def _iteration_done(self, e: Committed) -> None:
+        it = e.iteration
+        self._span(SpanKind.ITERATION, f"{self.name}/iter-{it}", e.started, f"{self.name}/controller")
         self.sim.record(f"{self.name} iteration {it} done")
         if it < self.cfg.iterations:
             self.start_iteration()

@@ -8,7 +8,8 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from actors.controller import IterationRecord, JobController
+from actors.controller import JobController
+from actors.records import IterationRecord
 from actors.trainer import reserve_gang
 from rlsched.config import JobConfig, load_config
 from rlsched.errors import UserError
@@ -22,6 +23,7 @@ SMALL = ["grpo.prompts_per_step=8", "task.eval_size=64", "eval.curve_size=32"]
 @pytest.fixture(scope="module")
 def job(ray_session: None) -> Iterator[tuple[JobController, list[IterationRecord]]]:
     controller = JobController(load_config(None, SMALL), log=lambda _: None)
+    controller.record()  # the iteration core's events and effects, for the replay below
     records = [controller.run_iteration(i) for i in (1, 2, 3)]
     yield controller, records
     controller.shutdown()
@@ -131,3 +133,22 @@ def test_estimate_driven_dispatch_learns_and_judges_every_sample(ray_session: No
     kind = controller.cfg.verifier.kind
     learnt = [key for (k, key) in controller.estimator._by_key if k == kind]
     assert len(learnt) == 2 * 8 and controller.estimator.estimate(kind, learnt[0]).source == "key"
+
+
+def test_the_iterations_recorded_run_replayed_in_virtual_time_makes_the_same_decisions(
+    job: tuple[JobController, list[IterationRecord]],
+) -> None:
+    """Every event the controller fed the iteration's core (each sample's arrival and verdict, the
+    update, publish and reload), replayed through the simulator, gives the same effects."""
+    from rlsched.core.iteration import Committed, Publish, Reload, Update, Verify
+    from rlsched.sim.replay import compare, replay
+
+    controller, _ = job
+    trace = controller.trace
+    assert trace is not None
+    replayed = replay(trace)
+    assert compare(trace, replayed) == []
+    effects = [e for _, out in trace.steps for e in out]
+    assert sum(isinstance(e, Verify) for e in effects) == 3 * 8 * controller.cfg.grpo.group_size
+    assert [type(e) for e in effects if not isinstance(e, Verify)] == [Update, Publish, Reload, Committed] * 3
+    print(f"iteration trace: {replayed.events} events, {replayed.effects} effects, all equal on replay")

@@ -1,0 +1,118 @@
+"""A job's verification, as its controller uses it: the verifier pools (one, or a CPU stage that
+hands compiled work to a GPU stage: `verifier.gpu_workers`), the task and request each sample
+becomes, and the outcomes settled since the last look.
+
+A sample's task carries its verifier kind and problem key (`verify_kind_key`: whose history
+predicts its time) and the workers it needs at once (a verifier's `slots`). It waits here until the
+iteration's core says to verify it (`rlsched.core.iteration.Verify`): at once, or with the whole
+batch for the sequential baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from actors.pool import VerifierPool
+from rlsched.config import JobConfig
+from rlsched.engine.protocol import RequestId, Sample
+from rlsched.metrics.spans import Span
+from rlsched.policy.estimate import RemainingTime
+from rlsched.policy.verify import BatchId, BatchState, PendingVerification, TaskId
+from rlsched.rl.task import TaskProblem, verify_kind_key
+from verifiers.loading import VerifierSet, VerifierSpecError
+from verifiers.protocol import Outcome, Prepared, VerifyRequest
+
+_Queued = tuple[PendingVerification, VerifyRequest, str | None, int, bytes]
+
+
+class JobVerification:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        verifiers: VerifierSet,
+        spans: list[Span],
+        clock: Callable[[], float],
+        log: Callable[[str], None],
+        pg: Any = None,
+    ) -> None:
+        self.cfg, self.verifiers, self.clock = cfg, verifiers, clock
+        v, retries = cfg.verifier, cfg.grpo.verify_retries
+        self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
+        self.gpu_pool: VerifierPool | None = None
+        if v.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
+            self.gpu_pool = VerifierPool(v, retries, RemainingTime(), spans, clock, log, stage="gpu", pg=pg)
+        self.pool = VerifierPool(
+            v,
+            retries,
+            self.estimator,
+            spans,
+            clock,
+            log,
+            stage="whole" if self.gpu_pool is None else "cpu",
+            on_prepared=None if self.gpu_pool is None else self._to_gpu_stage,
+            pg=pg,
+        )
+        self.pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
+        self._waiting: dict[str, _Queued] = {}
+
+    @property
+    def estimators(self) -> list[RemainingTime]:
+        """Each stage's, in order (the expected verification time of a problem sums over them)."""
+        return [p.estimator for p in self.pools]
+
+    @property
+    def idle(self) -> bool:
+        return all(p.idle for p in self.pools)
+
+    def kind_key(self, problem: TaskProblem) -> tuple[str, str]:
+        return verify_kind_key(problem, self.cfg.verifier.kind)
+
+    def arrived(self, sample: Sample, problem: TaskProblem, iteration: int) -> None:
+        """A sample to verify once the core says so: its task (arriving now) and request."""
+        kind, key = self.kind_key(problem)
+        task = PendingVerification(
+            TaskId(sample.request_id),
+            BatchId(f"iter-{iteration}"),
+            self.clock(),
+            kind=kind,
+            key=key,
+            slots=self._slots(problem.verifier),
+        )
+        request = VerifyRequest(sample.request_id, sample.text, problem.answer)
+        self._waiting[sample.request_id] = (task, request, problem.verifier, iteration, b"")
+
+    def verify(self, request_ids: tuple[str, ...]) -> None:
+        self.pool.submit_many([self._waiting.pop(rid) for rid in request_ids])
+
+    def dispatch(self, batch: BatchState) -> None:
+        """What the batch still waits for, as of now (the dispatch policy reads it)."""
+        for pool in self.pools:
+            pool.dispatch((batch,))
+
+    def settled(self) -> dict[RequestId, Outcome]:
+        """The outcomes settled since the last look (each handed over once)."""
+        return {RequestId(t): o for p in self.pools for t, o in p.take_outcomes().items()}
+
+    def shutdown(self) -> None:
+        for pool in self.pools:
+            pool.shutdown()
+
+    def _slots(self, kind: str | None) -> int:
+        """Workers one verification of this kind needs at once (a verifier's `slots`, default 1);
+        a kind that does not load needs one, and its worker reports the INPUT fault."""
+        try:
+            return max(1, int(getattr(self.verifiers.get(kind), "slots", 1)))
+        except VerifierSpecError:
+            return 1
+
+    def _to_gpu_stage(
+        self,
+        task: PendingVerification,
+        request: VerifyRequest,
+        kind: str | None,
+        iteration: int,
+        prepared: Prepared,
+    ) -> None:
+        assert self.gpu_pool is not None
+        self.gpu_pool.submit(task, request, kind, iteration, prepared.payload)

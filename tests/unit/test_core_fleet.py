@@ -1,0 +1,379 @@
+"""The rollout fleet's core and its weight-version book on their own: events in, effects out.
+
+No Ray and no simulator: each test plays the driver by hand (`FleetCore.handle`), so joining, routing,
+exactly-once acceptance, staleness, preemption with resume, draining, scaling and transient windows
+are checked effect by effect; `WeightBook` is checked directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import pytest
+
+from rlsched.core.fleet import FleetCore
+from rlsched.core.fleet_io import (
+    Accepted,
+    Added,
+    Arrived,
+    Begun,
+    CutSaved,
+    Effect,
+    Event,
+    FleetParams,
+    Joined,
+    KillInstance,
+    Left,
+    Note,
+    Published,
+    PullDone,
+    PullWhy,
+    ReadSaved,
+    Reclaimed,
+    ReloadAsked,
+    ReloadDone,
+    RequestSpec,
+    Resumption,
+    Route,
+    SavedRead,
+    Scaled,
+    StartInstance,
+    StartPull,
+    StreamEnded,
+    Tick,
+    Window,
+)
+from rlsched.core.weights import WeightBook
+from rlsched.policy.lifecycle import IllegalTransition, InstanceState, Leave, VersionState
+from rlsched.policy.resume import Restart, ResumeCost
+
+T = TypeVar("T")
+JOIN, CATCH_UP, RELOAD = PullWhy.JOIN, PullWhy.CATCH_UP, PullWhy.RELOAD
+GROUP = (RequestSpec("g-0", "g", 2), RequestSpec("g-1", "g", 2))  # one GRPO group of two
+
+
+def core(ready: int = 0, **params: Any) -> FleetCore:
+    """A core with version 0 published and `ready` instances (rollout-0, ...) READY at it."""
+    c = FleetCore(FleetParams(**params))
+    c.handle(Published(0.0, 0))
+    for i in range(ready):
+        c.handle(Added(0.0, f"rollout-{i}"))
+        c.handle(PullDone(0.0, f"rollout-{i}", 0))
+    return c
+
+
+def reqs(n: int) -> tuple[RequestSpec, ...]:
+    return tuple(RequestSpec(f"r{i}", f"group-{i}", 2) for i in range(n))
+
+
+def only(effects: list[Effect], kind: type[T]) -> list[T]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def test_an_instance_added_before_any_publish_joins_at_the_reload_which_ends_once_all_pulled() -> None:
+    c = FleetCore(FleetParams())
+    assert c.handle(Added(0.0, "a", 5.0)) == [StartInstance("a", 5.0)]
+    assert c.handle(Added(0.0, "b")) == [StartInstance("b", 0.0)]
+    assert c.handle(Published(1.0, 0)) == []
+    assert c.handle(ReloadAsked(2.0)) == [StartPull("a", 0, JOIN), StartPull("b", 0, JOIN)]
+    assert c.handle(PullDone(3.0, "a", 0)) == [Joined("a", 0, JOIN, 0, 2.0)]  # b still pulls
+    assert c.handle(PullDone(4.0, "b", 0)) == [Joined("b", 0, JOIN, 0, 2.0), ReloadDone()]
+    assert c.serving() == ["a", "b"] and c.counts.joined == 2
+    c.handle(Published(5.0, 1))
+    assert c.handle(ReloadAsked(6.0)) == [StartPull("a", 1, RELOAD), StartPull("b", 1, RELOAD)]
+
+
+def test_an_instance_added_after_a_publish_pulls_at_once() -> None:
+    c = core()
+    assert c.handle(Added(1.0, "a")) == [StartInstance("a", 0.0), StartPull("a", 0, JOIN)]
+    assert c.pulling() == ["a"] and c.serving() == []
+
+
+def test_a_failed_pull_releases_the_instance_and_counts_as_done_for_the_reload() -> None:
+    c = FleetCore(FleetParams())
+    c.handle(Added(0.0, "a"))
+    c.handle(Added(0.0, "b"))
+    c.handle(Published(1.0, 0))
+    c.handle(ReloadAsked(2.0))
+    c.handle(PullDone(3.0, "a", 0))
+    effects = c.handle(PullDone(4.0, "b", 0, error="checksum mismatch"))
+    assert effects == [Note("b could not join: checksum mismatch"), KillInstance("b"), ReloadDone()]
+    assert c.counts.join_failures == 1 and c.join_errors == ["b could not join: checksum mismatch"]
+    assert not c.live("b") and c.serving() == ["a"] and c.weights.pulling(0) == frozenset()
+
+
+def test_requests_go_in_batches_to_idle_ready_instances_in_member_order() -> None:
+    c = core(ready=2, request_batch=3)
+    assert c.handle(Begun(1.0, 1, reqs(7))) == [
+        Route("rollout-0", ("r0", "r1", "r2"), 1, (0, 0, 0)),
+        Route("rollout-1", ("r3", "r4", "r5"), 2, (0, 0, 0)),
+    ]
+    assert list(c.pending) == ["r6"]
+    for rid in ("r3", "r4", "r5"):  # an arrival frees nothing: its batch still runs
+        assert c.handle(Arrived(2.0, "rollout-1", rid)) == [Accepted("rollout-1", rid, None)]
+    assert c.handle(StreamEnded(2.5, "rollout-1")) == [Route("rollout-1", ("r6",), 3, (0,))]
+    assert not c.pending
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["nowhere", "rollout-1", "rollout-0"],
+    ids=["unknown instance", "not running there", "already done"],
+)
+def test_an_arrival_not_for_the_running_instance_or_already_done_is_dropped(name: str) -> None:
+    c = core(ready=2, request_batch=1)
+    c.handle(Begun(0.0, 1, reqs(2)))  # r0 on rollout-0, r1 on rollout-1
+    assert c.handle(Arrived(1.0, "rollout-0", "r0")) == [Accepted("rollout-0", "r0", None)]
+    assert c.generating
+    assert c.handle(Arrived(1.5, name, "r0")) == [] and c.counts.duplicates_dropped == 1
+    assert c.handle(Arrived(2.0, "rollout-1", "r1")) == [Accepted("rollout-1", "r1", None)]
+    assert not c.generating
+
+
+def test_a_stream_that_ends_early_puts_its_missing_requests_back_at_the_front_in_order() -> None:
+    c = core(ready=1, request_batch=3)
+    c.handle(Begun(0.0, 1, reqs(5)))  # rollout-0 runs r0 r1 r2; r3 r4 wait
+    c.handle(Arrived(1.0, "rollout-0", "r1"))
+    assert c.handle(StreamEnded(1.0, "rollout-0")) == [Route("rollout-0", ("r0", "r2", "r3"), 2, (0, 0, 0))]
+    assert list(c.pending) == ["r4"]
+
+
+@pytest.mark.parametrize(("max_staleness", "serving"), [(0, ["rollout-1"]), (1, ["rollout-0", "rollout-1"])])
+def test_an_instance_past_the_staleness_bound_gets_nothing(max_staleness: int, serving: list[str]) -> None:
+    c = core(ready=1, request_batch=1, max_staleness=max_staleness)  # rollout-0 holds version 0
+    c.handle(Published(1.0, 1))
+    c.handle(Added(1.0, "rollout-1"))
+    c.handle(PullDone(2.0, "rollout-1", 1))
+    assert c.serving() == serving
+    assert [r.name for r in only(c.handle(Begun(3.0, 1, reqs(2))), Route)] == serving
+
+
+def test_a_pull_of_a_version_made_inadmissible_meanwhile_is_followed_by_a_catch_up_pull() -> None:
+    c = core()
+    c.handle(Added(0.0, "a"))  # pulls version 0
+    assert c.handle(Published(1.0, 1)) == [] and c.weights.state(0) is VersionState.RETIRED
+    assert c.handle(PullDone(2.0, "a", 0)) == [Joined("a", 0, JOIN, 0, 0.0), StartPull("a", 1, CATCH_UP)]
+    assert c.serving() == []
+    assert c.handle(PullDone(3.0, "a", 1)) == [Joined("a", 1, CATCH_UP, 0, 2.0)]
+    assert c.serving() == ["a"] and c.counts.joined == 1
+
+
+def preempt_group(**params: Any) -> tuple[FleetCore, list[Effect]]:
+    """rollout-0 runs GROUP and is preempted with 40 and 10 tokens saved; rollout-1 is idle."""
+    c = core(ready=2, **params)
+    assert only(c.handle(Begun(0.0, 1, GROUP)), Route)[0].name == "rollout-0"
+    effects = c.handle(Reclaimed(1.0, "rollout-0", Leave.PREEMPTED, "spot"))
+    assert effects == [KillInstance("rollout-0"), ReadSaved("rollout-0", ("g-0", "g-1"))]
+    return c, c.handle(SavedRead(2.0, "rollout-0", (("g-0", 40), ("g-1", 10))))
+
+
+def test_a_preempted_group_resumes_elsewhere_from_its_shortest_saved_length() -> None:
+    c, effects = preempt_group()
+    assert effects == [
+        CutSaved("g-0", 10),
+        CutSaved("g-1", 10),
+        Left("rollout-0", Leave.PREEMPTED, "spot", 2, 1.0),
+        Note("rollout-0 preempted (spot): 2 request(s) go back to the queue"),
+        Route("rollout-1", ("g-0", "g-1"), 2, (10, 10)),
+    ]
+    n = c.counts
+    assert (n.preempted, n.resumed, n.restarted, n.reused_tokens, n.regenerated_tokens) == (1, 2, 0, 20, 30)
+    (accepted,) = c.handle(Arrived(3.0, "rollout-1", "g-0"))
+    assert accepted == Accepted("rollout-1", "g-0", Resumption(10, 40, 1.0, "rollout-0", Restart.RESUME))
+
+
+def test_a_preempted_group_restarts_when_resuming_costs_more() -> None:
+    c, effects = preempt_group(cost=ResumeCost(5000.0, 50.0, setup_s=1e9))
+    assert only(effects, CutSaved) == [CutSaved("g-0", 0), CutSaved("g-1", 0)]
+    assert only(effects, Route) == [Route("rollout-1", ("g-0", "g-1"), 2, (0, 0))]
+    assert (c.counts.restarted, c.counts.resumed, c.counts.reused_tokens) == (2, 0, 0)
+
+
+def test_a_restart_counts_every_saved_token_as_regenerated() -> None:
+    c, _ = preempt_group(cost=ResumeCost(5000.0, 50.0, setup_s=1e9))
+    assert (c.counts.reused_tokens, c.counts.regenerated_tokens) == (0, 50)
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (Reclaimed(1.0, "rollout-0", Leave.DRAINING, "spot"), "spot"),
+        (Scaled(1.0, remove=("rollout-0",)), "rlsched scale"),
+    ],
+    ids=["reclaimed", "scaled"],
+)
+def test_a_draining_instance_takes_nothing_new_and_leaves_when_its_batch_ends(event: Event, why: str) -> None:
+    c = core(ready=1, request_batch=2)
+    c.handle(Begun(0.0, 1, reqs(3)))  # rollout-0 runs r0 r1; r2 waits
+    assert c.handle(event) == [Note(f"rollout-0 draining ({why}): 2 request(s) to finish")]
+    assert c.members["rollout-0"].state is InstanceState.DRAINING and c.live("rollout-0")
+    for rid in ("r0", "r1"):
+        assert c.handle(Arrived(2.0, "rollout-0", rid)) == [Accepted("rollout-0", rid, None)]
+    assert c.handle(StreamEnded(3.0, "rollout-0")) == [
+        KillInstance("rollout-0"),
+        Left("rollout-0", Leave.DRAINING, why, 0, 3.0),
+    ]
+    assert c.counts.drained == 1 and c.counts.preempted == 0 and list(c.pending) == ["r2"]
+    assert not c.live("rollout-0")
+
+
+def test_draining_an_instance_that_is_not_ready_preempts_it() -> None:
+    c = core()
+    c.handle(Added(0.0, "a"))  # pulling
+    assert c.handle(Scaled(1.0, remove=("a",))) == [
+        KillInstance("a"),
+        Left("a", Leave.PREEMPTED, "rlsched scale", 0, 1.0),
+        Note("a preempted (rlsched scale): 0 request(s) go back to the queue"),
+    ]
+    assert (c.counts.preempted, c.counts.drained) == (1, 0) and c.pulling() == [] and not c.live("a")
+    assert c.handle(PullDone(2.0, "a", 0)) == []  # its pull's end comes too late: ignored
+
+
+def test_draining_an_instance_that_already_drains_lets_it_finish() -> None:
+    c = core(ready=1)
+    c.handle(Begun(0.0, 1, reqs(1)))
+    c.handle(Scaled(1.0, remove=("rollout-0",)))
+    effects = c.handle(Scaled(2.0, remove=("rollout-0",)))
+    assert not only(effects, KillInstance) and c.members["rollout-0"].state is InstanceState.DRAINING
+
+
+def test_scaling_names_new_instances_in_turn_and_an_unknown_removal_changes_nothing() -> None:
+    c = core(ready=1)
+    note = "scale: {} allocated; it serves once it has the latest version"
+    assert c.handle(Scaled(1.0, add=2, ingress_bps=1e9)) == [
+        StartInstance("scaled-1", 1e9),
+        StartPull("scaled-1", 0, JOIN),
+        Note(note.format("scaled-1")),
+        StartInstance("scaled-2", 1e9),
+        StartPull("scaled-2", 0, JOIN),
+        Note(note.format("scaled-2")),
+    ]
+    before = c.snapshot()
+    unknown = Note("scale: no live instance named nope (live: rollout-0, scaled-1, scaled-2)")
+    assert c.handle(Scaled(2.0, remove=("nope",))) == [unknown]
+    assert c.snapshot() == before and c.counts.drained == c.counts.preempted == 0
+
+
+def test_a_window_opens_at_its_time_into_its_iterations_generation_and_ends_available_s_later() -> None:
+    c = core(ready=1, windows=(Window("transient-0", join_at_s=5.0, available_s=3.0),))
+    assert c.next_wakeup() is None  # no generation yet
+    c.handle(Begun(10.0, 1, reqs(1)))
+    assert c.next_wakeup() == 15.0
+    assert c.handle(Tick(14.9)) == []
+    wake = c.next_wakeup()
+    assert wake is not None  # a driver ticking at next_wakeup finds the window open: no loop
+    assert c.handle(Tick(wake)) == [StartInstance("transient-0", 0.0), StartPull("transient-0", 0, JOIN)]
+    assert c.next_wakeup() == 18.0  # granted at 15, available 3 s
+    c.handle(PullDone(16.0, "transient-0", 0))
+    assert c.handle(Tick(18.0)) == [
+        KillInstance("transient-0"),
+        Left("transient-0", Leave.PREEMPTED, "its availability window ended", 0, 18.0),
+        Note("transient-0 preempted (its availability window ended): 0 request(s) go back to the queue"),
+    ]
+    assert c.next_wakeup() is None
+
+
+def test_a_window_of_a_later_iteration_opens_at_that_iterations_begun() -> None:
+    c = core(ready=1, windows=(Window("transient-0", join_iteration=2),))
+    assert only(c.handle(Begun(0.0, 1, reqs(1))), StartInstance) == [] and c.next_wakeup() is None
+    c.handle(Arrived(1.0, "rollout-0", "r0"))
+    c.handle(StreamEnded(1.0, "rollout-0"))
+    assert c.handle(Begun(50.0, 2, reqs(1))) == [
+        StartInstance("transient-0", 0.0),
+        StartPull("transient-0", 0, JOIN),
+        Route("rollout-0", ("r0",), 2, (0,)),
+    ]
+
+
+def test_a_reclaim_iteration_window_ends_reclaim_at_s_into_that_iterations_generation() -> None:
+    c = core(windows=(Window("transient-0", reclaim_iteration=2, reclaim_at_s=4.0),))
+    c.handle(Begun(0.0, 1, reqs(1)))  # opens at once
+    assert only(c.handle(PullDone(1.0, "transient-0", 0)), Route) == [Route("transient-0", ("r0",), 1, (0,))]
+    assert c.next_wakeup() is None  # not its iteration
+    c.handle(Arrived(2.0, "transient-0", "r0"))
+    c.handle(StreamEnded(2.0, "transient-0"))
+    c.handle(Begun(100.0, 2, reqs(1)))
+    assert c.next_wakeup() == 104.0
+    assert c.handle(Tick(103.9)) == []
+    assert c.handle(Tick(104.0)) == [KillInstance("transient-0"), ReadSaved("transient-0", ("r0",))]
+
+
+def test_after_generation_ends_next_wakeup_no_longer_reports_join_windows() -> None:
+    c = core(ready=1, windows=(Window("transient-0", join_at_s=50.0),))
+    c.handle(Begun(0.0, 1, reqs(1)))
+    assert c.next_wakeup() == 50.0
+    c.handle(Arrived(1.0, "rollout-0", "r0"))
+    assert not c.generating and c.next_wakeup() is None
+    assert c.handle(Tick(50.0)) == []
+
+
+def test_requests_are_stranded_only_when_nothing_serves_joins_or_is_due() -> None:
+    c = core()
+    c.handle(Begun(0.0, 1, reqs(1)))
+    assert c.stranded()
+    c.handle(Added(1.0, "a"))
+    assert not c.stranded()  # a is pulling
+    windowed = core(windows=(Window("transient-0", join_at_s=5.0),))
+    windowed.handle(Begun(0.0, 1, reqs(1)))
+    assert not windowed.stranded()  # a window is due
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        PullDone(1.0, "rollout-0", 0),
+        PullDone(1.0, "nobody", 0),
+        StreamEnded(1.0, "rollout-0"),
+        Reclaimed(1.0, "nobody", Leave.PREEMPTED, "x"),
+    ],
+    ids=["pull not pulling", "pull unknown", "stream idle", "reclaim unknown"],
+)
+def test_an_event_that_does_not_apply_to_an_instance_is_ignored(event: Event) -> None:
+    c = core(ready=1)
+    before = c.snapshot()
+    assert c.handle(event) == [] and c.snapshot() == before and c.counts.joined == 1
+
+
+def test_a_member_edge_outside_the_table_is_refused_by_name() -> None:
+    c = core(ready=1)
+    with pytest.raises(IllegalTransition, match="instance cannot go from ready to allocated"):
+        c.members["rollout-0"].to(InstanceState.ALLOCATED)
+
+
+@pytest.mark.parametrize("version", [0, -1])
+def test_a_version_not_newer_than_the_latest_is_refused(version: int) -> None:
+    book = WeightBook(0)
+    book.publish(0)
+    with pytest.raises(ValueError, match="not newer than 0"):
+        book.publish(version)
+
+
+def test_versions_past_the_staleness_bound_retire_oldest_first() -> None:
+    book = WeightBook(1)
+    assert (book.publish(0), book.publish(1), book.publish(2)) == ([], [], [0])
+    assert [book.state(v) for v in (0, 1, 2)] == [VersionState.RETIRED, *[VersionState.PUBLISHED] * 2]
+    assert book.publish(5) == [1, 2] and book.admissible(4) and not book.admissible(3)
+
+
+def test_the_book_tracks_pulls_and_holders_and_confirms_a_version_once() -> None:
+    book = WeightBook(0)
+    book.publish(0)
+    book.pull_started("a", 0)
+    assert book.pulling(0) == {"a"} and book.holders(0) == frozenset()
+    book.confirmed("a", 0)
+    book.confirmed("b", 0)
+    assert book.state(0) is VersionState.CONFIRMED and book.holders(0) == {"a", "b"} and not book.pulling(0)
+    assert book.publish(1) == [0] and book.state(0) is VersionState.RETIRED
+    book.pull_started("a", 1)  # still holds 0 while it pulls 1
+    assert book.holders(0) == {"a", "b"} and book.pulling(1) == {"a"}
+    book.confirmed("a", 1)
+    assert book.holders(0) == {"b"} and book.holders(1) == {"a"} and not book.pulling(1)
+    book.pull_started("b", 1)
+    book.gone("b")
+    assert book.holders(0) == frozenset() and book.pulling(1) == frozenset()
+
+
+def test_nothing_is_admissible_before_a_publish_and_a_negative_bound_is_refused() -> None:
+    assert not WeightBook(3).admissible(0)
+    with pytest.raises(ValueError, match="at least 0"):
+        WeightBook(-1)
