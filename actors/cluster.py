@@ -34,56 +34,18 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from actors.scale import running_jobs
-from rlsched.config import JobConfig
-from rlsched.core.cluster import (
-    CancelRequested,
-    ClusterCore,
-    ClusterTrace,
-    CreatePlacementGroup,
-    DriversAlive,
-    Effect,
-    Event,
-    GroupId,
-    JobFinished,
-    JobId,
-    JobSpec,
-    JobSubmitted,
-    PartId,
-    PartReleased,
-    PlacementFailed,
-    Refused,
-    RemovePlacementGroup,
-    Tick,
-)
+from rlsched.core import cluster as cx
+from rlsched.core.cluster import ClusterCore, ClusterTrace, GroupId, JobId, JobSpec, PartId
 from rlsched.policy.cluster_model import AdmissionParams
 from rlsched.policy.lifecycle import JobState
-from rlsched.policy.placement import Gang, Node, Resources, Strategy
+from rlsched.policy.placement import Node, Resources
 
-__all__ = ["JobSpec", "JobState", "Scheduler", "job_spec"]
+__all__ = ["JobSpec", "JobState", "Scheduler"]
 
 NAMESPACE = "rlsched"
 SCHEDULER_NAME = "rlsched-scheduler"
 NODE_NAME_LABEL = "rlsched/name"  # a node's name in reasons (else the first 8 hex digits of its id)
 _SKIP = ("node:", "object_store_memory", "memory", "accelerator_type:")
-
-
-def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:
-    """A job config's demand: the training ranks as one gang under their placement strategy; the
-    static rollout instances and verifier workers as a second gang (PACK); `rollout.elastic`
-    instances as elastic parts."""
-    t, r, v = cfg.trainer, cfg.rollout, cfg.verifier
-    rank: dict[str, float] = {"CPU": t.cpus_per_rank, **t.resources}
-    if t.gpus_per_rank:
-        rank["GPU"] = t.gpus_per_rank
-    instance = {"CPU": r.cpus_per_instance, **r.resources}
-    workers = [dict(instance) for _ in range(r.instances)]
-    workers += [{"CPU": v.cpus_per_worker} for _ in range(v.workers)]
-    workers += [{"CPU": 1.0, "GPU": 1.0} for _ in range(v.gpu_workers)]
-    gangs = (
-        Gang(tuple(dict(rank) for _ in range(t.ranks)), Strategy(t.placement_strategy.value)),
-        Gang(tuple(workers), Strategy.PACK),
-    )
-    return JobSpec(name, queue, priority, gangs, tuple(dict(instance) for _ in range(r.elastic)))
 
 
 def inventory() -> tuple[tuple[Node, ...], dict[str, str]]:
@@ -126,7 +88,7 @@ class Scheduler:
             self.trace = ClusterTrace.begin(self.core)
             return self.trace
 
-    def _feed(self, event: Event) -> list[Effect]:
+    def _feed(self, event: cx.Event) -> list[cx.Effect]:
         effects = self.core.handle(event)
         if self.trace is not None:
             self.trace.add(event, effects)
@@ -136,7 +98,7 @@ class Scheduler:
     # -- what drivers and the CLI call ----------------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
         with self.lock:
-            return _refusal(self._feed(JobSubmitted(time.time(), spec)))
+            return _refusal(self._feed(cx.JobSubmitted(time.time(), spec)))
 
     def poll(self, name: str) -> dict[str, Any]:
         """What the job's driver must know (`ClusterCore.poll`), with its placement groups."""
@@ -149,15 +111,15 @@ class Scheduler:
 
     def released(self, name: str, part: str) -> None:
         with self.lock:
-            self._feed(PartReleased(time.time(), JobId(name), PartId(part)))
+            self._feed(cx.PartReleased(time.time(), JobId(name), PartId(part)))
 
     def finished(self, name: str, preempted: bool = False) -> None:
         with self.lock:
-            self._feed(JobFinished(time.time(), JobId(name), preempted))
+            self._feed(cx.JobFinished(time.time(), JobId(name), preempted))
 
     def cancel(self, name: str) -> str:
         with self.lock:
-            return _refusal(self._feed(CancelRequested(time.time(), JobId(name))))
+            return _refusal(self._feed(cx.CancelRequested(time.time(), JobId(name))))
 
     def queue(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -170,12 +132,12 @@ class Scheduler:
     def cycle(self) -> None:
         with self.lock:
             nodes, self.node_ids = inventory()
-            self._feed(Tick(time.time(), nodes))
+            self._feed(cx.Tick(time.time(), nodes))
 
     def reap(self, alive: set[str], now: float, after_s: float = 60.0) -> None:
         """Running jobs whose driver is gone (its inbox actor no longer exists) give everything back."""
         with self.lock:
-            self._feed(DriversAlive(now, frozenset(alive), after_s))
+            self._feed(cx.DriversAlive(now, frozenset(alive), after_s))
 
     def release_everything(self) -> None:
         """Remove every placement group the scheduler made (it is stopping)."""
@@ -184,17 +146,19 @@ class Scheduler:
                 _remove(self.groups.pop(group))
 
     # -- effects -------------------------------------------------------------------------------------
-    def _apply(self, effects: list[Effect]) -> None:
+    def _apply(self, effects: list[cx.Effect]) -> None:
         failed: set[JobId] = set()  # jobs whose placement failed in this batch: make nothing more
         for e in effects:
-            if isinstance(e, CreatePlacementGroup) and e.job not in failed:
+            if isinstance(e, cx.CreatePlacementGroup) and e.job not in failed:
                 try:
                     self.groups[e.group] = self._group(e.group, list(e.bundles), list(e.nodes), e.strategy)
                 except RuntimeError as err:  # the inventory changed under the cycle
                     if e.part is None:
                         failed.add(e.job)
-                    self._feed(PlacementFailed(time.time(), e.job, str(err), e.part))
-            elif isinstance(e, RemovePlacementGroup) and (pg := self.groups.pop(e.group, None)) is not None:
+                    self._feed(cx.PlacementFailed(time.time(), e.job, str(err), e.part))
+            elif (
+                isinstance(e, cx.RemovePlacementGroup) and (pg := self.groups.pop(e.group, None)) is not None
+            ):
                 _remove(pg)
 
     def _group(self, name: str, bundles: list[Resources], nodes: list[str], strategy: str) -> PlacementGroup:
@@ -213,8 +177,8 @@ class Scheduler:
         return pg
 
 
-def _refusal(effects: list[Effect]) -> str:
-    return next((e.reason for e in effects if isinstance(e, Refused)), "")
+def _refusal(effects: list[cx.Effect]) -> str:
+    return next((e.reason for e in effects if isinstance(e, cx.Refused)), "")
 
 
 def _remove(pg: PlacementGroup) -> None:

@@ -11,7 +11,7 @@ calls:
 - `ReadSaved` and `CutSaved` go to the durable store (`rlsched.store.resumes`): what a reclaimed
   instance saved, and what each requeued request continues from. An `Accepted` sample is stitched
   with its saved log-probabilities and handed to the controller.
-- `Joined` and `Left` become spans (transfer, load, confirm and join; preempt), `Note` a log line.
+- `Joined`, `Left` and a resumed `Accepted` become spans (`actors.fleet_spans`), `Note` a log line.
 
 With `record`, every event and the effects it returned are kept (`rlsched.core.trace`): replayed
 through the simulator (`rlsched.sim.replay`), they give the same decisions.
@@ -28,45 +28,17 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.demand import actor_options, instance_bundle
+from actors.fleet_spans import preempt_span, pull_spans, resume_span
 from actors.rollout import JoinReport, RolloutInstance
 from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
 from rlsched.config import JobConfig
+from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore, FleetTrace
-from rlsched.core.fleet_io import (
-    Accepted,
-    Added,
-    Arrived,
-    Begun,
-    CutSaved,
-    Effect,
-    Event,
-    FleetCounts,
-    FleetParams,
-    Joined,
-    KillInstance,
-    Left,
-    Note,
-    Published,
-    PullDone,
-    PullWhy,
-    ReadSaved,
-    Reclaimed,
-    ReloadAsked,
-    ReloadDone,
-    RequestSpec,
-    Route,
-    SavedRead,
-    Scaled,
-    StartInstance,
-    StartPull,
-    StreamEnded,
-    Tick,
-    Window,
-)
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.errors import UserError
-from rlsched.metrics.spans import Span, SpanKind
+from rlsched.metrics.spans import Span
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.resume import ResumeCost
 from rlsched.rl.requests import group_of
@@ -81,11 +53,11 @@ def store_path(cfg: JobConfig, out_dir: Path | None) -> Path | None:
     return cfg.store.path or (out_dir or cfg.run.out_dir) / "partial.sqlite"
 
 
-def fleet_params(cfg: JobConfig) -> FleetParams:
+def fleet_params(cfg: JobConfig) -> fx.FleetParams:
     """The core's parameters from the job's config (transient windows named `transient-K`)."""
     r, w = cfg.rollout, cfg.weights
     windows = tuple(
-        Window(
+        fx.Window(
             f"transient-{k}",
             t.join_iteration,
             t.join_at_s,
@@ -98,7 +70,7 @@ def fleet_params(cfg: JobConfig) -> FleetParams:
         for k, t in enumerate(r.transient)
     )
     cost = ResumeCost(r.prefill_tokens_per_s, r.decode_tokens_per_s, r.resume_setup_s)
-    return FleetParams(r.request_batch, r.max_staleness, cost, windows)
+    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows)
 
 
 class Fleet:
@@ -129,7 +101,7 @@ class Fleet:
         self.trace: FleetTrace | None = None
         self._groups: dict[str, Any] = {}  # placement groups for instances about to start
         self._reports: dict[str, JoinReport] = {}
-        self._replies: list[Event] = []
+        self._replies: list[fx.Event] = []
         self._sample: Sample | None = None  # the sample being fed, for its `Accepted`
         self._accepted: list[tuple[str, Sample]] = []
         self._reload_done = False
@@ -142,7 +114,7 @@ class Fleet:
         self.trace = FleetTrace.begin(self.core)
         return self.trace
 
-    def _feed(self, event: Event) -> None:
+    def _feed(self, event: fx.Event) -> None:
         self._replies.append(event)
         while self._replies:  # the store's answers are fed once the effects before them are done
             event = self._replies.pop(0)
@@ -152,42 +124,40 @@ class Fleet:
             for effect in effects:
                 self._do(effect)
 
-    def _do(self, e: Effect) -> None:
+    def _do(self, e: fx.Effect) -> None:
         match e:
-            case Route():
+            case fx.Route():
                 self._route(e)
-            case Accepted():
+            case fx.Accepted():
                 self._accept(e)
-            case StartPull():
+            case fx.StartPull():
                 self._pull(e)
-            case StartInstance():
+            case fx.StartInstance():
                 self._start(e)
-            case KillInstance():
+            case fx.KillInstance():
                 self.pulls.pop(e.name, None)
                 self.streams.pop(e.name, None)
                 ray.kill(self.handles[e.name])
-            case ReadSaved():
-                self._replies.append(SavedRead(self.clock(), e.name, self.resumes.read(e.requests)))
-            case CutSaved():
+            case fx.ReadSaved():
+                self._replies.append(fx.SavedRead(self.clock(), e.name, self.resumes.read(e.requests)))
+            case fx.CutSaved():
                 self.resumes.cut(e.request_id, e.keep)
-            case Joined():
+            case fx.Joined():
                 self._joined(e)
-            case Left():
-                self._left(e)
-            case ReloadDone():
+            case fx.Left() if e.leave is Leave.PREEMPTED:
+                self.spans.append(preempt_span(e, self.clock(), self.core.iteration))
+            case fx.ReloadDone():
                 self._reload_done = True
-            case Note():
+            case fx.Note():
                 self.log(e.message)
 
     # -- effects -----------------------------------------------------------------------------------
 
-    def _start(self, e: StartInstance) -> None:
+    def _start(self, e: fx.StartInstance) -> None:
         r = self.cfg.rollout
         group = self._groups.pop(e.name, self.pg)
         where = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group)} if group is not None else {}
-        self.handles[e.name] = RolloutInstance.options(
-            num_cpus=r.cpus_per_instance, resources=r.resources, **where
-        ).remote(
+        self.handles[e.name] = RolloutInstance.options(**actor_options(instance_bundle(r)), **where).remote(
             e.name,
             self.checkpoint,
             self.cfg.engine.max_batch,
@@ -201,14 +171,14 @@ class Fleet:
         self._seeds += 1
         self.ingress[e.name] = e.ingress_bps
 
-    def _pull(self, e: StartPull) -> None:
+    def _pull(self, e: fx.StartPull) -> None:
         assert self.latest is not None and self.latest.version == e.version
         plane = str(self.cfg.weights.plane)
         self.pulls[e.name] = self.handles[e.name].join.remote(
             self.latest.address, e.version, self.ingress[e.name], plane
         )
 
-    def _route(self, e: Route) -> None:
+    def _route(self, e: fx.Route) -> None:
         batch = [self.requests[rid] for rid in e.requests]
         for k, (rid, keep) in enumerate(zip(e.requests, e.resume, strict=True)):
             if keep:  # what the store kept for it (the core's cut, at most what was saved)
@@ -216,53 +186,24 @@ class Fleet:
         generate = self.handles[e.name].generate.options(num_returns="streaming")
         self.streams[e.name] = generate.remote(batch, e.dispatch)
 
-    def _accept(self, e: Accepted) -> None:
+    def _accept(self, e: fx.Accepted) -> None:
         assert self._sample is not None and self._sample.request_id == e.request_id
         done = self.resumes.finish(self._sample)
-        info = e.resumed
-        if info is not None and done.resumed_from:
-            attrs = {
-                "lane": "controller",
-                "from": info.source,
-                "saved": info.saved,
-                "resumed_from": done.resumed_from,
-                "choice": str(info.choice),
-                "final_tokens": done.sample.num_tokens,
-                "logprob_drift": done.logprob_drift,
-            }
-            self._span(SpanKind.RESUME, e.request_id, info.preempted_at, self.core.iteration, attrs)
+        if e.resumed is not None and done.resumed_from:
+            self.spans.append(resume_span(e.resumed, done, self.clock(), self.core.iteration))
         self._accepted.append((e.name, done.sample))
 
-    def _joined(self, e: Joined) -> None:
-        # the instance's clock is time.monotonic on its node; on one node it is the controller's
-        # only the reload phase's pulls are a phase of the iteration (phase_times skips join=True)
-        r = self._reports.pop(e.name)
-        phase = e.why is PullWhy.RELOAD
-        attrs = {"lane": e.name, "version": r.version, "join": not phase, "why": str(e.why)}
-        detail = {"bytes": r.nbytes, "gbps": round(r.gbps, 4), "streams": r.streams, "corrupt": r.corrupt}
-        it, sid = e.iteration, f"{e.name}-v{r.version}"
-        self.spans.append(Span(SpanKind.TRANSFER, sid, *r.transfer, it, attrs | detail))
-        self.spans.append(Span(SpanKind.LOAD, sid, *r.load, it, attrs))
-        self.spans.append(Span(SpanKind.CONFIRM, sid, *r.confirm, it, attrs))
-        if e.why is PullWhy.JOIN:
-            self.spans.append(Span(SpanKind.JOIN, e.name, e.started, r.confirm[1], it, attrs))
-            self.join_reports.append(r)
-            self.log(r.line())
-
-    def _left(self, e: Left) -> None:
-        if e.leave is Leave.PREEMPTED:
-            attrs = {"lane": e.name, "why": e.why, "requeued": e.requeued}
-            self._span(SpanKind.PREEMPT, e.name, e.started, self.core.iteration, attrs)
-
-    def _span(
-        self, kind: SpanKind, span_id: str, start: float, iteration: int, attrs: dict[str, Any]
-    ) -> None:
-        self.spans.append(Span(kind, span_id, start, self.clock(), iteration, attrs))
+    def _joined(self, e: fx.Joined) -> None:
+        report = self._reports.pop(e.name)
+        self.spans.extend(pull_spans(e, report))
+        if e.why is fx.PullWhy.JOIN:
+            self.join_reports.append(report)
+            self.log(report.line())
 
     # -- what the controller asks ------------------------------------------------------------------
 
     @property
-    def counts(self) -> FleetCounts:
+    def counts(self) -> fx.FleetCounts:
         return self.core.counts
 
     @property
@@ -273,7 +214,7 @@ class Fleet:
         """A static instance, or one the cluster scheduler granted (in its placement group)."""
         if pg is not None:
             self._groups[name] = pg
-        self._feed(Added(self.clock(), name, (self.cfg.weights.receiver_gbps or 0.0) * 1e9))
+        self._feed(fx.Added(self.clock(), name, (self.cfg.weights.receiver_gbps or 0.0) * 1e9))
 
     def grant(self, name: str, pg: Any) -> None:
         """The cluster scheduler granted an elastic part: it joins unless it is already live."""
@@ -282,12 +223,12 @@ class Fleet:
             self.log(f"{name} granted by the cluster scheduler; it serves once it has the latest version")
 
     def reclaim(self, name: str, why: str) -> None:
-        self._feed(Reclaimed(self.clock(), name, Leave.PREEMPTED, why))
+        self._feed(fx.Reclaimed(self.clock(), name, Leave.PREEMPTED, why))
 
     def scale(self, command: ScaleCommand) -> None:
         """`rlsched scale`: add instances (they join like any other), remove some by name."""
         gbps = command.receiver_gbps or self.cfg.weights.receiver_gbps or 0.0
-        self._feed(Scaled(self.clock(), command.add, gbps * 1e9, tuple(command.remove), command.leave))
+        self._feed(fx.Scaled(self.clock(), command.add, gbps * 1e9, tuple(command.remove), command.leave))
 
     def snapshot(self) -> dict[str, Any]:
         return self.core.snapshot()
@@ -304,11 +245,13 @@ class Fleet:
     def begin(self, iteration: int, requests: Sequence[GenerationRequest]) -> None:
         self.requests = {r.request_id: r for r in requests}
         self.resumes.reset()
-        specs = tuple(RequestSpec(r.request_id, group_of(r.request_id), len(r.prompt_ids)) for r in requests)
-        self._feed(Begun(self.clock(), iteration, specs))
+        specs = tuple(
+            fx.RequestSpec(r.request_id, group_of(r.request_id), len(r.prompt_ids)) for r in requests
+        )
+        self._feed(fx.Begun(self.clock(), iteration, specs))
 
     def tick(self) -> None:
-        self._feed(Tick(self.clock()))
+        self._feed(fx.Tick(self.clock()))
 
     def next_event_in(self) -> float | None:
         """Seconds until the next transient window opens or closes, if any is due."""
@@ -332,13 +275,13 @@ class Fleet:
             self._sample = ray.get(next(ref))
         except StopIteration:
             del self.streams[name]
-            self._feed(StreamEnded(self.clock(), name))
+            self._feed(fx.StreamEnded(self.clock(), name))
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
             del self.streams[name]
-            self._feed(Reclaimed(self.clock(), name, Leave.PREEMPTED, "its actor died"))
+            self._feed(fx.Reclaimed(self.clock(), name, Leave.PREEMPTED, "its actor died"))
             return []
-        self._feed(Arrived(self.clock(), name, self._sample.request_id))
+        self._feed(fx.Arrived(self.clock(), name, self._sample.request_id))
         self._sample = None
         out, self._accepted = self._accepted, []
         return out
@@ -348,22 +291,22 @@ class Fleet:
             report: JoinReport = ray.get(ref)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
             cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
-            self._feed(PullDone(self.clock(), name, -1, str(cause)))
+            self._feed(fx.PullDone(self.clock(), name, -1, str(cause)))
             return
         self._reports[name] = report
-        self._feed(PullDone(self.clock(), name, report.version))
+        self._feed(fx.PullDone(self.clock(), name, report.version))
 
     # -- between iterations -------------------------------------------------------------------------
 
     def publish(self, published: PublishedVersion) -> None:
         self.latest = published
-        self._feed(Published(self.clock(), published.version))
+        self._feed(fx.Published(self.clock(), published.version))
 
     def reload(self) -> None:
         """Every serving instance (and any allocated one not yet pulling) takes the latest version,
         blocking; joiners already pulling catch up on their own."""
         self._reload_done = False
-        self._feed(ReloadAsked(self.clock()))
+        self._feed(fx.ReloadAsked(self.clock()))
         while not self._reload_done:
             self.tick()  # a transient window may end meanwhile
             refs = list(self.pulls.values())

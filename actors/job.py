@@ -18,8 +18,9 @@ from typing import Any
 
 import ray
 
-from actors.cluster import ClusterClient, JobStopped, find_scheduler, job_spec
+from actors.cluster import ClusterClient, JobStopped, find_scheduler
 from actors.controller import JobController
+from actors.demand import job_spec, required_resources
 from actors.fleet import store_path
 from actors.interrupt import ctrl_c
 from actors.records import IterationRecord, commit_record
@@ -29,7 +30,6 @@ from rlsched.errors import UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
-from rlsched.policy.placement import add
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task, check_prompts
 from rlsched.store.partial import PartialStore, StoreError
@@ -45,16 +45,6 @@ class JobReport:
     @property
     def gain_points(self) -> float:
         return 100 * (self.after.pass_rate - self.before.pass_rate)
-
-
-def required_resources(cfg: JobConfig) -> dict[str, float]:
-    """What the job holds at once: its gangs, as the cluster scheduler is asked for them (`job_spec`:
-    ranks, static instances, CPU and GPU verifier workers, with their `resources`), and its transient
-    instances, whose windows may overlap."""
-    spec = job_spec(cfg, cfg.run.out_dir.name, "", "")
-    instance = {"CPU": cfg.rollout.cpus_per_instance, **cfg.rollout.resources}
-    transient = [instance] * len(cfg.rollout.transient)
-    return add(*(bundle for gang in spec.gangs for bundle in gang.bundles), *transient)
 
 
 def check_capacity(cfg: JobConfig) -> None:

@@ -22,9 +22,6 @@ With `trace` on, every event fed to the core is kept with the effects it returne
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -34,31 +31,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.verifier import Heartbeat, Stage, VerifierWorker
+from actors.demand import actor_options, worker_bundle
+from actors.verifier import Heartbeat, Stage, VerifierWorker, WorkerProcess
 from rlsched.config import VerifierConfig
+from rlsched.core import verify_pool_io as vx
 from rlsched.core.verify_pool import PoolTrace, VerifyPoolCore
-from rlsched.core.verify_pool_io import (
-    AskHeartbeat,
-    Effect,
-    Event,
-    HandedOn,
-    HeartbeatAnswered,
-    Heartbeats,
-    Note,
-    PoolCounts,
-    PoolParams,
-    ReleaseWorker,
-    RunEnded,
-    RunFinished,
-    Settled,
-    StartRun,
-    StartWorker,
-    StopWorker,
-    Submitted,
-    Tick,
-    WorkerExited,
-    WorkerUp,
-)
 from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.estimate import RemainingTime
@@ -67,41 +44,6 @@ from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Prepared, Ver
 
 # what a CPU stage hands to the GPU stage: the task, its request, verifier kind, iteration, payload
 OnPrepared = Callable[[PendingVerification, VerifyRequest, "str | None", int, Prepared], None]
-
-
-def _exited(pid: int) -> bool:
-    """No such process, or only its zombie (it has exited; its parent has not reaped it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].startswith("Z")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
-
-
-def _await_exit(pid: int, limit_s: float = 10.0) -> None:
-    """Wait until `pid` has exited (after SIGKILL: at once), polling every millisecond."""
-    give_up = time.monotonic() + limit_s
-    while not _exited(pid) and time.monotonic() < give_up:
-        time.sleep(0.001)
-
-
-@dataclass
-class _Worker:
-    handle: Any
-    pid: int | None = None  # from its first heartbeat, when it runs on the controller's node
-    stopped: bool = False  # a kill was sent
-
-    def kill_here(self) -> None:
-        """SIGKILL its process when it runs on the controller's node (a no-op elsewhere, or if gone)."""
-        if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-
-    def end(self) -> None:
-        """Make sure it is gone on this node before its slot is refilled."""
-        if self.pid is not None:
-            self.kill_here()
-            _await_exit(self.pid)
 
 
 class _For(StrEnum):
@@ -120,14 +62,14 @@ class _Call:
     attempt: int = 0
 
 
-def pool_params(cfg: VerifierConfig, retries: int, gpu: bool) -> PoolParams:
+def pool_params(cfg: VerifierConfig, retries: int, gpu: bool) -> vx.PoolParams:
     """The core's parameters from the job's `verifier` section."""
-    return PoolParams(
+    return vx.PoolParams(
         VerifyParams(cfg.dispatch, preempt=cfg.preempt),
         workers=cfg.gpu_workers if gpu else cfg.workers,
         retries=retries,
         timeouts=cfg.timeout.params(),
-        heartbeats=Heartbeats(cfg.heartbeat_s, cfg.heartbeat_timeout_s),
+        heartbeats=vx.Heartbeats(cfg.heartbeat_s, cfg.heartbeat_timeout_s),
         name="gpu-verifier" if gpu else "verifier",
     )
 
@@ -158,7 +100,7 @@ class VerifierPool:
         self.pg = pg  # the cluster scheduler's placement group its workers start in (None: anywhere)
         self.core = VerifyPoolCore(params, estimator, at=clock())
         self.estimator = estimator
-        self.workers: dict[WorkerId, _Worker] = {}
+        self.workers: dict[WorkerId, WorkerProcess] = {}
         self.calls: dict[Any, _Call] = {}  # by ObjectRef
         self.requests: dict[TaskId, tuple[VerifyRequest, str | None, int]] = {}  # request, kind, iteration
         self.payloads: dict[TaskId, bytes] = {}  # the GPU stage's input, from the CPU stage
@@ -168,7 +110,7 @@ class VerifierPool:
         self._apply(self.core.start())
 
     @property
-    def counts(self) -> PoolCounts:
+    def counts(self) -> vx.PoolCounts:
         return self.core.counts
 
     def record(self) -> PoolTrace:
@@ -178,7 +120,7 @@ class VerifierPool:
 
     # -- events in ---------------------------------------------------------------------------------
 
-    def _feed(self, event: Event) -> None:
+    def _feed(self, event: vx.Event) -> None:
         effects = self.core.handle(event)
         if self.trace is not None:
             self.trace.add(event, effects)
@@ -202,15 +144,15 @@ class VerifierPool:
             self.requests[task.task_id] = (request, kind, iteration)
             if payload:
                 self.payloads[task.task_id] = payload
-        self._feed(Submitted(self.clock(), tuple(item[0] for item in items)))
+        self._feed(vx.Submitted(self.clock(), tuple(item[0] for item in items)))
 
     def dispatch(self, batches: tuple[BatchState, ...]) -> None:
         """What the batches still wait for, as of now (the dispatch policy reads it)."""
-        self._feed(Tick(self.clock(), batches))
+        self._feed(vx.Tick(self.clock(), batches))
 
     def watch(self) -> None:
         """Let due timers fire: timeouts, heartbeats, overdue runs."""
-        self._feed(Tick(self.clock()))
+        self._feed(vx.Tick(self.clock()))
 
     def on_ready(self, ref: Any) -> None:
         call = self.calls.pop(ref)
@@ -220,32 +162,34 @@ class VerifierPool:
         except ray.exceptions.RayActorError as err:  # the process has ended: observed now
             if call.what is _For.RUN and worker is not None:
                 self._ended(call.worker)
-                self._feed(WorkerExited(self.clock(), call.worker, type(err).__name__))
+                self._feed(vx.WorkerExited(self.clock(), call.worker, type(err).__name__))
             elif call.what is _For.UP:
                 self.workers.pop(call.worker, None)
-                self._feed(WorkerExited(self.clock(), call.worker, str(err)))
+                self._feed(vx.WorkerExited(self.clock(), call.worker, str(err)))
             return  # a heartbeat's failure: the run's own call reports the death
         except ray.exceptions.RayError as err:  # the call failed, the worker lives on
             if call.what is _For.UP:
                 self.workers.pop(call.worker, None)
-                self._feed(WorkerExited(self.clock(), call.worker, str(err)))
+                self._feed(vx.WorkerExited(self.clock(), call.worker, str(err)))
             elif call.what is _For.RUN:
                 now = self.clock()
                 fault = ExecutionFault(call.task_id, FaultKind.CRASH, repr(err), call.attempt)
-                self._feed(RunFinished(now, TaskId(call.task_id), call.attempt, fault, now, now))
+                self._feed(vx.RunFinished(now, TaskId(call.task_id), call.attempt, fault, now, now))
             return
         if call.what is _For.UP:
             beat: Heartbeat = answer
             if worker is not None:
                 worker.pid = beat.pid if beat.node_id == self._node else None
-            self._feed(WorkerUp(self.clock(), call.worker))
+            self._feed(vx.WorkerUp(self.clock(), call.worker))
         elif call.what is _For.RUN:
             outcome, w_start, w_end = answer
             if worker is not None and worker.stopped:  # it answered just before the kill landed
                 self._ended(call.worker)
-            self._feed(RunFinished(self.clock(), TaskId(call.task_id), call.attempt, outcome, w_start, w_end))
+            self._feed(
+                vx.RunFinished(self.clock(), TaskId(call.task_id), call.attempt, outcome, w_start, w_end)
+            )
         else:
-            self._feed(HeartbeatAnswered(self.clock(), call.worker))
+            self._feed(vx.HeartbeatAnswered(self.clock(), call.worker))
 
     def _ended(self, wid: WorkerId) -> None:
         """The worker's process is gone (made sure of on this node) before the core refills its slot."""
@@ -253,47 +197,44 @@ class VerifierPool:
 
     # -- effects out -------------------------------------------------------------------------------
 
-    def _apply(self, effects: list[Effect]) -> None:
+    def _apply(self, effects: list[vx.Effect]) -> None:
         for effect in effects:
             match effect:
-                case StartWorker():
+                case vx.StartWorker():
                     self._start_worker(effect.worker)
-                case StartRun():
+                case vx.StartRun():
                     self._start_run(effect)
-                case StopWorker():
+                case vx.StopWorker():
                     worker = self.workers[effect.worker]
                     worker.stopped = True
                     ray.kill(worker.handle, no_restart=True)
                     worker.kill_here()
-                case ReleaseWorker():
+                case vx.ReleaseWorker():
                     ray.kill(self.workers.pop(effect.worker).handle)
-                case AskHeartbeat():
+                case vx.AskHeartbeat():
                     ref = self.workers[effect.worker].handle.heartbeat.remote()
                     self.calls[ref] = _Call(_For.BEAT, effect.worker)
-                case RunEnded():
+                case vx.RunEnded():
                     self._span(effect)
-                case Settled():
+                case vx.Settled():
                     self.outcomes[effect.task_id] = effect.outcome
-                case HandedOn():
+                case vx.HandedOn():
                     self._hand_on(effect)
-                case Note():
+                case vx.Note():
                     self.log(effect.message)
 
     def _start_worker(self, wid: WorkerId) -> None:
         """A fresh actor; the core holds it STARTING until it answers its first heartbeat."""
-        gpu = self.stage == "gpu"
-        options: dict[str, Any] = (
-            {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.cfg.cpus_per_worker}
-        )
+        options = actor_options(worker_bundle(self.cfg, gpu=self.stage == "gpu"))
         if self.pg is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
         handle = VerifierWorker.options(**options).remote(
             wid, self.cfg.kind, self.cfg.delay_s, self.cfg.sandbox.policy()
         )
-        self.workers[wid] = _Worker(handle)
+        self.workers[wid] = WorkerProcess(handle)
         self.calls[handle.heartbeat.remote()] = _Call(_For.UP, wid)
 
-    def _start_run(self, effect: StartRun) -> None:
+    def _start_run(self, effect: vx.StartRun) -> None:
         task = effect.task
         request, kind, _ = self.requests[task.task_id]
         payload = self.payloads.get(task.task_id, b"")
@@ -302,13 +243,13 @@ class VerifierPool:
         )
         self.calls[ref] = _Call(_For.RUN, effect.worker, task.task_id, task.attempt)
 
-    def _hand_on(self, effect: HandedOn) -> None:
+    def _hand_on(self, effect: vx.HandedOn) -> None:
         """A two-stage verifier's CPU stage is done: its GPU stage takes it from here."""
         request, kind, iteration = self.requests.pop(effect.task.task_id)
         assert self.on_prepared is not None  # only a CPU-stage pool asks for Prepared, and it has one
         self.on_prepared(effect.task, request, kind, iteration, effect.prepared)
 
-    def _span(self, ended: RunEnded) -> None:
+    def _span(self, ended: vx.RunEnded) -> None:
         task = ended.task
         _, _, iteration = self.requests[task.task_id]
         self.spans.append(

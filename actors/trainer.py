@@ -25,6 +25,7 @@ import torch.distributed as dist
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.demand import actor_options, rank_bundle
 from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
@@ -138,10 +139,7 @@ def _missing_resources(bundles: list[dict[str, float]]) -> str:
 
 def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
     """One placement group for all ranks, or a UserError naming what is missing after the timeout."""
-    bundle: dict[str, float] = {"CPU": cfg.cpus_per_rank, **cfg.resources}
-    if cfg.gpus_per_rank:
-        bundle["GPU"] = cfg.gpus_per_rank
-    bundles = [dict(bundle) for _ in range(cfg.ranks)]
+    bundles = [rank_bundle(cfg) for _ in range(cfg.ranks)]
     name = f"rlsched-trainer-{uuid.uuid4().hex[:8]}"  # several jobs may share one cluster
     pg = placement_group(bundles, strategy=cfg.placement_strategy.value, name=name)
     ready, _ = ray.wait([pg.ready()], timeout=cfg.placement_timeout_s)
@@ -149,8 +147,8 @@ def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
         missing = _missing_resources(bundles)
         remove_placement_group(pg)
         raise UserError(
-            f"the training group ({cfg.ranks} ranks x {bundle}, {cfg.placement_strategy.value}) could not "
-            f"be placed within {cfg.placement_timeout_s:g} s: {missing}. Lower trainer.ranks or the "
+            f"the training group ({cfg.ranks} ranks x {bundles[0]}, {cfg.placement_strategy.value}) could "
+            f"not be placed within {cfg.placement_timeout_s:g} s: {missing}. Lower trainer.ranks or the "
             "per-rank resources, or add nodes to the cluster"
         )
     return pg
@@ -173,8 +171,7 @@ class TrainingGroup:
         self.pg = reserve_gang(cfg) if pg is None else pg
         self.ranks = [
             TrainerRank.options(
-                num_cpus=cfg.cpus_per_rank,
-                num_gpus=cfg.gpus_per_rank,
+                **actor_options(rank_bundle(cfg)),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
             ).remote(i, cfg.ranks, checkpoint, grpo, cfg, seed)
             for i in range(cfg.ranks)

@@ -15,11 +15,13 @@ GPU) takes with `stage="gpu"`. `delay_s` adds a fixed duration to every verifica
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import ray
 
@@ -103,3 +105,40 @@ class VerifierWorker:
             return Heartbeat(self.worker_id, node, os.getpid(), None, 0, 0.0)
         sample, attempt, start = current
         return Heartbeat(self.worker_id, node, os.getpid(), sample, attempt, time.monotonic() - start)
+
+
+def _exited(pid: int) -> bool:
+    """No such process, or only its zombie (it has exited; its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+def _await_exit(pid: int, limit_s: float = 10.0) -> None:
+    """Wait until `pid` has exited (after SIGKILL: at once), polling every millisecond."""
+    give_up = time.monotonic() + limit_s
+    while not _exited(pid) and time.monotonic() < give_up:
+        time.sleep(0.001)
+
+
+@dataclass
+class WorkerProcess:
+    """The pool's handle on one worker actor and, on the controller's node, its process."""
+
+    handle: Any
+    pid: int | None = None  # from its first heartbeat, when it runs on the controller's node
+    stopped: bool = False  # a kill was sent
+
+    def kill_here(self) -> None:
+        """SIGKILL its process when it runs on the controller's node (a no-op elsewhere, or if gone)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def end(self) -> None:
+        """Make sure it is gone on this node before its slot is refilled."""
+        if self.pid is not None:
+            self.kill_here()
+            _await_exit(self.pid)

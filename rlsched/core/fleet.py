@@ -36,38 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlsched.core.fleet_io import (
-    Accepted,
-    Added,
-    Arrived,
-    Begun,
-    CutSaved,
-    Effect,
-    Event,
-    FleetCounts,
-    FleetParams,
-    Joined,
-    KillInstance,
-    Left,
-    Note,
-    Published,
-    PullDone,
-    PullWhy,
-    ReadSaved,
-    Reclaimed,
-    ReloadAsked,
-    ReloadDone,
-    RequestSpec,
-    Resumption,
-    Route,
-    SavedRead,
-    Scaled,
-    StartInstance,
-    StartPull,
-    StreamEnded,
-    Tick,
-    Window,
-)
+from rlsched.core import fleet_io as fx
 from rlsched.core.trace import Trace
 from rlsched.core.weights import WeightBook
 from rlsched.policy.lifecycle import INSTANCE_TRANSITIONS, InstanceState, Leave, transition
@@ -80,7 +49,7 @@ _EPS = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class _Pull:
-    why: PullWhy
+    why: fx.PullWhy
     version: int
     iteration: int
     started: float
@@ -90,7 +59,7 @@ class _Pull:
 class _Member:
     name: str
     ingress_bps: float
-    window: Window | None
+    window: fx.Window | None
     granted_at: float
     state: InstanceState = _S.ALLOCATED
     version: int = -1
@@ -112,46 +81,46 @@ class _Leaving:
 
 
 class FleetCore:
-    def __init__(self, params: FleetParams) -> None:
+    def __init__(self, params: fx.FleetParams) -> None:
         self.params = params
         self.members: dict[str, _Member] = {}
         self.weights = WeightBook(params.max_staleness)
         self.iteration = 0
         self.gen_start = 0.0
-        self.requests: dict[str, RequestSpec] = {}
+        self.requests: dict[str, fx.RequestSpec] = {}
         self.pending: deque[str] = deque()
         self.outstanding = 0  # requests of this iteration not yet accepted
         self.resume_from: dict[str, int] = {}  # a requeued request's saved tokens it continues from
-        self.resumed: dict[str, Resumption] = {}
-        self.counts = FleetCounts()
+        self.resumed: dict[str, fx.Resumption] = {}
+        self.counts = fx.FleetCounts()
         self.join_errors: list[str] = []
         self.reloading: set[str] | None = None  # the reload phase's instances still pulling
         self._opened: set[str] = set()  # windows granted so far
         self._leaving: dict[str, _Leaving] = {}  # preempted, waiting for their saved tokens
         self._dispatches = 0
         self._scaled = 0
-        self._out: list[Effect] = []
+        self._out: list[fx.Effect] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
-            Arrived: self._arrived,
-            StreamEnded: self._stream_ended,
-            Begun: self._begun,
-            Tick: self._tick,
-            PullDone: self._pull_done,
-            Published: self._published,
-            ReloadAsked: self._reload_asked,
-            Added: self._added,
-            Scaled: self._scaled_by_user,
-            Reclaimed: self._reclaimed,
-            SavedRead: self._saved_read,
+            fx.Arrived: self._arrived,
+            fx.StreamEnded: self._stream_ended,
+            fx.Begun: self._begun,
+            fx.Tick: self._tick,
+            fx.PullDone: self._pull_done,
+            fx.Published: self._published,
+            fx.ReloadAsked: self._reload_asked,
+            fx.Added: self._added,
+            fx.Scaled: self._scaled_by_user,
+            fx.Reclaimed: self._reclaimed,
+            fx.SavedRead: self._saved_read,
         }
 
     # -- the interface -----------------------------------------------------------------------------
 
-    def handle(self, event: Event) -> list[Effect]:
+    def handle(self, event: fx.Event) -> list[fx.Effect]:
         """Take in one event; the effects, in the order they are to be carried out."""
         kind = type(event)
         self._handlers[kind](event)
-        if self.pending and kind is not Arrived:  # an arrival frees no instance: its batch runs on
+        if self.pending and kind is not fx.Arrived:  # an arrival frees no instance: its batch runs on
             self._dispatch()
         out, self._out = self._out, []
         return out
@@ -209,7 +178,7 @@ class FleetCore:
             },
         }
 
-    def _emit(self, effect: Effect) -> None:
+    def _emit(self, effect: fx.Effect) -> None:
         self._out.append(effect)
 
     def _serves(self, m: _Member) -> bool:
@@ -217,48 +186,48 @@ class FleetCore:
 
     # -- membership --------------------------------------------------------------------------------
 
-    def _added(self, e: Added) -> None:
+    def _added(self, e: fx.Added) -> None:
         self._add(e.name, e.ingress_bps, None, e.at)
 
-    def _add(self, name: str, ingress_bps: float, window: Window | None, at: float) -> None:
+    def _add(self, name: str, ingress_bps: float, window: fx.Window | None, at: float) -> None:
         old = self.members.get(name)
         if old is not None and old.state is not _S.RELEASED:
             raise ValueError(f"an instance named {name} already exists")
         self.members.pop(name, None)
         m = self.members[name] = _Member(name, ingress_bps, window, at)
-        self._emit(StartInstance(name, ingress_bps))
+        self._emit(fx.StartInstance(name, ingress_bps))
         if self.weights.latest is not None:
             self._pull(m, at)
 
-    def _scaled_by_user(self, e: Scaled) -> None:
+    def _scaled_by_user(self, e: fx.Scaled) -> None:
         for _ in range(e.add):
             self._scaled += 1
             name = f"scaled-{self._scaled}"
             self._add(name, e.ingress_bps, None, e.at)
-            self._emit(Note(f"scale: {name} allocated; it serves once it has the latest version"))
+            self._emit(fx.Note(f"scale: {name} allocated; it serves once it has the latest version"))
         for name in e.remove:
             m = self.members.get(name)
             if m is None or m.state in _GONE:
                 live = ", ".join(n for n, x in self.members.items() if x.state is not _S.RELEASED)
-                self._emit(Note(f"scale: no live instance named {name} (live: {live})"))
+                self._emit(fx.Note(f"scale: no live instance named {name} (live: {live})"))
                 continue
             self._leave(m, e.leave, "rlsched scale", e.at)
 
-    def _reclaimed(self, e: Reclaimed) -> None:
+    def _reclaimed(self, e: fx.Reclaimed) -> None:
         m = self.members.get(e.name)
         if m is not None and m.state not in _GONE:
             self._leave(m, e.leave, e.why, e.at)
 
     def _leave(self, m: _Member, leave: Leave, why: str, at: float) -> None:
         if leave is Leave.DRAINING and m.state is _S.DRAINING:  # asked again: it is finishing already
-            self._emit(Note(f"{m.name} is already draining: {len(m.running)} request(s) to finish"))
+            self._emit(fx.Note(f"{m.name} is already draining: {len(m.running)} request(s) to finish"))
             return
         if leave is Leave.PREEMPTED or m.state is not _S.READY:  # one not serving has nothing to finish
             self._preempt(m, why, at)
             return
         m.to(_S.DRAINING)
         m.why = why
-        self._emit(Note(f"{m.name} draining ({why}): {len(m.running)} request(s) to finish"))
+        self._emit(fx.Note(f"{m.name} draining ({why}): {len(m.running)} request(s) to finish"))
         self._release_if_drained(m, at)
 
     def _release_if_drained(self, m: _Member, at: float) -> None:
@@ -266,8 +235,8 @@ class FleetCore:
             m.to(_S.RELEASED)
             self.weights.gone(m.name)
             self.counts.drained += 1
-            self._emit(KillInstance(m.name))
-            self._emit(Left(m.name, Leave.DRAINING, m.why, 0, at))
+            self._emit(fx.KillInstance(m.name))
+            self._emit(fx.Left(m.name, Leave.DRAINING, m.why, 0, at))
 
     def _preempt(self, m: _Member, why: str, at: float) -> None:
         """Reclaimed at once: the instance is killed, its unfinished requests go back once the store
@@ -276,15 +245,15 @@ class FleetCore:
         m.pull, m.busy, m.why = None, False, why
         self.weights.gone(m.name)
         self.counts.preempted += 1
-        self._emit(KillInstance(m.name))
+        self._emit(fx.KillInstance(m.name))
         self._reloaded(m.name)
         if m.running:
             self._leaving[m.name] = _Leaving(why, at)
-            self._emit(ReadSaved(m.name, tuple(m.running)))
+            self._emit(fx.ReadSaved(m.name, tuple(m.running)))
         else:
             self._requeue(m, {}, _Leaving(why, at))
 
-    def _saved_read(self, e: SavedRead) -> None:
+    def _saved_read(self, e: fx.SavedRead) -> None:
         leaving = self._leaving.pop(e.name)
         self._requeue(self.members[e.name], dict(e.saved), leaving)
 
@@ -299,8 +268,10 @@ class FleetCore:
             back.extend(self._resume_group(members, saved, m.name, leaving.at))
         self.pending.extendleft(reversed(back))
         m.to(_S.RELEASED)
-        self._emit(Left(m.name, Leave.PREEMPTED, leaving.why, len(back), leaving.at))
-        self._emit(Note(f"{m.name} preempted ({leaving.why}): {len(back)} request(s) go back to the queue"))
+        self._emit(fx.Left(m.name, Leave.PREEMPTED, leaving.why, len(back), leaving.at))
+        self._emit(
+            fx.Note(f"{m.name} preempted ({leaving.why}): {len(back)} request(s) go back to the queue")
+        )
 
     def _resume_group(self, rids: list[str], saved: dict[str, int], source: str, at: float) -> list[str]:
         lengths = {rid: saved.get(rid, 0) for rid in rids}
@@ -317,12 +288,12 @@ class FleetCore:
             reused, regenerated = reuse({rid: lengths[rid]}, {rid: keep})  # a restart redoes all it saved
             self.counts.reused_tokens += reused
             self.counts.regenerated_tokens += regenerated
-            self._emit(CutSaved(rid, keep))
+            self._emit(fx.CutSaved(rid, keep))
             self.resume_from[rid] = keep
-            self.resumed[rid] = Resumption(keep, lengths[rid], at, source, choice)
+            self.resumed[rid] = fx.Resumption(keep, lengths[rid], at, source, choice)
         return rids
 
-    def _cost(self, spec: RequestSpec) -> ResumeCost:
+    def _cost(self, spec: fx.RequestSpec) -> ResumeCost:
         c = self.params.cost  # the request's own decode speed prices the tokens a restart redoes
         if spec.decode_tokens_per_s is None:
             return c
@@ -330,19 +301,25 @@ class FleetCore:
 
     # -- weights -----------------------------------------------------------------------------------
 
-    def _published(self, e: Published) -> None:
+    def _published(self, e: fx.Published) -> None:
         self.weights.publish(e.version)
 
     def _pull(self, m: _Member, at: float, reload: bool = False) -> None:
         latest = self.weights.latest
         assert latest is not None
-        why = PullWhy.JOIN if m.state is _S.ALLOCATED else PullWhy.RELOAD if reload else PullWhy.CATCH_UP
+        why = (
+            fx.PullWhy.JOIN
+            if m.state is _S.ALLOCATED
+            else fx.PullWhy.RELOAD
+            if reload
+            else fx.PullWhy.CATCH_UP
+        )
         m.to(_S.TRANSFERRING)
         m.pull = _Pull(why, latest, self.iteration, at)
         self.weights.pull_started(m.name, latest)
-        self._emit(StartPull(m.name, latest, why))
+        self._emit(fx.StartPull(m.name, latest, why))
 
-    def _reload_asked(self, e: ReloadAsked) -> None:
+    def _reload_asked(self, e: fx.ReloadAsked) -> None:
         if self.weights.latest is None:
             raise ValueError("a reload before any version was published")
         targets = [
@@ -364,9 +341,9 @@ class FleetCore:
 
     def _reload_finished(self) -> None:
         self.reloading = None
-        self._emit(ReloadDone())
+        self._emit(fx.ReloadDone())
 
-    def _pull_done(self, e: PullDone) -> None:
+    def _pull_done(self, e: fx.PullDone) -> None:
         m = self.members.get(e.name)
         if m is None or m.pull is None:  # it left meanwhile
             return
@@ -378,9 +355,9 @@ class FleetCore:
                 m.to(target)
             m.version = e.version
             self.weights.confirmed(m.name, e.version)
-            if pull.why is PullWhy.JOIN:
+            if pull.why is fx.PullWhy.JOIN:
                 self.counts.joined += 1
-            self._emit(Joined(m.name, e.version, pull.why, pull.iteration, pull.started))
+            self._emit(fx.Joined(m.name, e.version, pull.why, pull.iteration, pull.started))
             if not self.weights.admissible(m.version):  # a newer version was published meanwhile
                 self._pull(m, e.at)
         self._reloaded(m.name)
@@ -391,12 +368,12 @@ class FleetCore:
         self.join_errors.append(f"{m.name} could not join: {error}")
         self.weights.gone(m.name)
         m.to(_S.RELEASED)
-        self._emit(Note(self.join_errors[-1]))
-        self._emit(KillInstance(m.name))
+        self._emit(fx.Note(self.join_errors[-1]))
+        self._emit(fx.KillInstance(m.name))
 
     # -- an iteration's generation -----------------------------------------------------------------
 
-    def _begun(self, e: Begun) -> None:
+    def _begun(self, e: fx.Begun) -> None:
         self.iteration, self.gen_start = e.iteration, e.at
         self.requests = {r.request_id: r for r in e.requests}
         self.pending = deque(self.requests)
@@ -404,7 +381,7 @@ class FleetCore:
         self.resumed, self.resume_from = {}, {}
         self._windows(e.at)
 
-    def _tick(self, e: Tick) -> None:
+    def _tick(self, e: fx.Tick) -> None:
         self._windows(e.at)
 
     def _windows(self, now: float) -> None:
@@ -443,14 +420,14 @@ class FleetCore:
             m.busy = True
             resume = self.resume_from
             kept = tuple([resume.get(r, 0) for r in batch]) if resume else (0,) * len(batch)
-            self._emit(Route(m.name, batch, self._dispatches, kept))
+            self._emit(fx.Route(m.name, batch, self._dispatches, kept))
 
-    def _arrived(self, e: Arrived) -> None:
+    def _arrived(self, e: fx.Arrived) -> None:
         accepted = self.arrived(e.name, e.request_id)
         if accepted is not None:
             self._out.append(accepted)
 
-    def arrived(self, name: str, request_id: str) -> Accepted | None:
+    def arrived(self, name: str, request_id: str) -> fx.Accepted | None:
         """`handle(Arrived(...))` without the event around it: the simulator's per-sample call (an
         arrival decides nothing else, so its only effect is this one)."""
         m = self.members.get(name)
@@ -459,9 +436,9 @@ class FleetCore:
             return None
         del m.running[request_id]
         self.outstanding -= 1
-        return Accepted(name, request_id, self.resumed.get(request_id))
+        return fx.Accepted(name, request_id, self.resumed.get(request_id))
 
-    def _stream_ended(self, e: StreamEnded) -> None:
+    def _stream_ended(self, e: fx.StreamEnded) -> None:
         m = self.members.get(e.name)
         if m is None or not m.busy:
             return
@@ -472,4 +449,4 @@ class FleetCore:
         self._release_if_drained(m, e.at)
 
 
-FleetTrace = Trace[FleetCore, Event, Effect]
+FleetTrace = Trace[FleetCore, fx.Event, fx.Effect]

@@ -23,34 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore
-from rlsched.core.fleet_io import (
-    Accepted,
-    Added,
-    Begun,
-    Effect,
-    Event,
-    FleetParams,
-    Joined,
-    KillInstance,
-    Left,
-    Note,
-    Published,
-    PullDone,
-    PullWhy,
-    ReadSaved,
-    ReloadAsked,
-    ReloadDone,
-    RequestSpec,
-    Route,
-    SavedRead,
-    StartInstance,
-    StartPull,
-    StreamEnded,
-    Tick,
-    Window,
-    render,
-)
 from rlsched.policy.bandwidth import max_min_rates
 from rlsched.policy.resume import ResumeCost
 from rlsched.sim.engine import Alarm, EventHandle, Simulator
@@ -154,12 +128,12 @@ Finished = Callable[[int, str], None]  # (sample, lane)
 Pulled = Callable[[str, float, bool], None]  # (instance, when its pull started, a join: not a reload)
 
 
-def fleet_params(cfg: SimJobConfig) -> FleetParams:
+def fleet_params(cfg: SimJobConfig) -> fx.FleetParams:
     """The core's parameters for a simulated job: the runtime's rules with the scenario's numbers."""
     r, w = cfg.resume, cfg.weights
     receiver = w.receiver_gbps if w is not None else 0.0
     windows = tuple(
-        Window(
+        fx.Window(
             f"{cfg.name}/transient-{k}.{c}",
             spec.join_iteration,
             spec.join_at_s,
@@ -172,7 +146,7 @@ def fleet_params(cfg: SimJobConfig) -> FleetParams:
         for k, spec in enumerate(cfg.transient)
         for c in range(spec.count)
     )
-    return FleetParams(
+    return fx.FleetParams(
         request_batch=cfg.request_batch or cfg.slots,
         max_staleness=cfg.max_staleness,
         cost=ResumeCost(r.prefill_tokens_per_s, 1.0, r.setup_s),  # each sample's own decode speed
@@ -202,10 +176,10 @@ class SimFleet:
         self.rates: list[float] = []  # tokens per second of each sample's decode
         self._then: Callable[[], None] | None = None
         self._alarm = Alarm(sim, self._on_tick)
-        self._replies: list[Event] = []
+        self._replies: list[fx.Event] = []
         receiver = (w.receiver_gbps if w is not None else 0.0) * 1e9
         for k in range(cfg.instances):
-            self._feed(Added(sim.now, f"{cfg.name}/rollout-{k}", receiver))
+            self._feed(fx.Added(sim.now, f"{cfg.name}/rollout-{k}", receiver))
 
     @property
     def resumed(self) -> int:
@@ -217,7 +191,7 @@ class SimFleet:
 
     # -- the driver's loop ---------------------------------------------------------------------------
 
-    def _feed(self, event: Event) -> None:
+    def _feed(self, event: fx.Event) -> None:
         if self.closed:
             return
         self._apply(self.core.handle(event))
@@ -227,58 +201,58 @@ class SimFleet:
         self._alarm.arm(self.core.next_wakeup())
 
     def _on_tick(self) -> None:
-        self._feed(Tick(self.sim.now))
+        self._feed(fx.Tick(self.sim.now))
 
-    def _apply(self, effects: list[Effect]) -> None:
+    def _apply(self, effects: list[fx.Effect]) -> None:
         for e in effects:  # the per-sample effect first
-            if isinstance(e, Accepted):
+            if isinstance(e, fx.Accepted):
                 self.finished(int(e.request_id), e.name)
-            elif isinstance(e, Route):
+            elif isinstance(e, fx.Route):
                 self._route(e)
             else:
                 self._apply_rare(e)
 
-    def _apply_rare(self, e: Effect) -> None:
+    def _apply_rare(self, e: fx.Effect) -> None:
         sim = self.sim
-        sim.decisions.extend(render((e,), sim.now))
-        if isinstance(e, StartPull):
+        sim.decisions.extend(fx.render((e,), sim.now))
+        if isinstance(e, fx.StartPull):
             self._pull(e)
-        elif isinstance(e, Joined):
+        elif isinstance(e, fx.Joined):
             self._joined(e)
-        elif isinstance(e, StartInstance):
+        elif isinstance(e, fx.StartInstance):
             self.instances[e.name] = Instance(e.name, sim.now, e.ingress_bps)
-        elif isinstance(e, KillInstance):
+        elif isinstance(e, fx.KillInstance):
             self._kill(e.name)
-        elif isinstance(e, ReadSaved):
-            self._replies.append(SavedRead(sim.now, e.name, self._saved(e)))
-        elif isinstance(e, Left):
+        elif isinstance(e, fx.ReadSaved):
+            self._replies.append(fx.SavedRead(sim.now, e.name, self._saved(e)))
+        elif isinstance(e, fx.Left):
             self.record(f"{e.name} {e.leave}; {e.requeued} sample(s) go back")
-        elif isinstance(e, ReloadDone):
+        elif isinstance(e, fx.ReloadDone):
             then, self._then = self._then, None
             if then is not None:  # after this event: the next iteration's events are its own
                 sim.after(0.0, then)
-        elif isinstance(e, Note):
+        elif isinstance(e, fx.Note):
             self.record(e.message)
         # CutSaved: the saved tokens a run continues from come with its Route
 
     # -- weights -------------------------------------------------------------------------------------
 
-    def _pull(self, e: StartPull) -> None:
+    def _pull(self, e: fx.StartPull) -> None:
         w = self.cfg.weights
         if self.link is None or w is None:  # no link modelled: it has the version at once
-            self._replies.append(PullDone(self.sim.now, e.name, e.version))
+            self._replies.append(fx.PullDone(self.sim.now, e.name, e.version))
             return
-        done = partial(self._feed_later, PullDone, e.name, e.version)
+        done = partial(self._feed_later, fx.PullDone, e.name, e.version)
         inst = self.instances[e.name]
         self.link.start(e.name, w.bytes, inst.ingress_bps, partial(self.sim.after, w.load_s, done))
 
-    def _feed_later(self, kind: type[PullDone], name: str, version: int) -> None:
+    def _feed_later(self, kind: type[fx.PullDone], name: str, version: int) -> None:
         self._feed(kind(self.sim.now, name, version))
 
-    def _joined(self, e: Joined) -> None:
+    def _joined(self, e: fx.Joined) -> None:
         inst = self.instances[e.name]
         if self.link is not None:  # without a modelled link nothing was transferred: no span
-            self.pulled(e.name, e.started, e.why is not PullWhy.RELOAD)
+            self.pulled(e.name, e.started, e.why is not fx.PullWhy.RELOAD)
         if inst.ready_at is None:
             inst.ready_at = self.sim.now
             self.record(f"{e.name} READY after {self.sim.now - inst.granted:.3f} s")
@@ -291,7 +265,7 @@ class SimFleet:
         for _, _, _, event in inst.running.values():
             event.cancel()
 
-    def _saved(self, e: ReadSaved) -> tuple[tuple[str, int], ...]:
+    def _saved(self, e: fx.ReadSaved) -> tuple[tuple[str, int], ...]:
         """What a reclaimed instance had decoded of each request: its saved tokens."""
         inst, now = self.instances[e.name], self.sim.now
         out = []
@@ -313,11 +287,14 @@ class SimFleet:
             self.ids = [str(n) for n in range(len(tokens))]
         prompt, size = int(c.resume.prompt_tokens), c.group_size
         requests = tuple(
-            [RequestSpec(rid, str(n // size), prompt, max(rates[n], _EPS)) for n, rid in enumerate(self.ids)]
+            [
+                fx.RequestSpec(rid, str(n // size), prompt, max(rates[n], _EPS))
+                for n, rid in enumerate(self.ids)
+            ]
         )
-        self._feed(Begun(self.sim.now, iteration, requests))
+        self._feed(fx.Begun(self.sim.now, iteration, requests))
 
-    def _route(self, e: Route) -> None:
+    def _route(self, e: fx.Route) -> None:
         inst, sim, r = self.instances[e.name], self.sim, self.cfg.resume
         now, tokens, rates, arrived, running = sim.now, self.tokens, self.rates, self._arrived, inst.running
         for rid, saved in zip(e.requests, e.resume, strict=True):
@@ -337,17 +314,17 @@ class SimFleet:
             self.finished(n, inst.name)
         if not running:
             inst.idle_if_empty(now)
-            self._feed(StreamEnded(now, inst.name))
+            self._feed(fx.StreamEnded(now, inst.name))
 
     # -- between iterations -----------------------------------------------------------------------
 
     def publish(self, version: int) -> None:
-        self._feed(Published(self.sim.now, version))
+        self._feed(fx.Published(self.sim.now, version))
 
     def reload(self, then: Callable[[], None]) -> None:
         """Every serving instance pulls the latest version; `then` once they all have it."""
         self._then = then
-        self._feed(ReloadAsked(self.sim.now))
+        self._feed(fx.ReloadAsked(self.sim.now))
 
     def close(self) -> None:
         """The job is done: no more windows, grants or ticks."""

@@ -9,22 +9,8 @@ from pathlib import Path
 
 from actors.fleet import fleet_params
 from rlsched.config import load_config
+from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore
-from rlsched.core.fleet_io import (
-    Accepted,
-    Added,
-    Arrived,
-    Begun,
-    CutSaved,
-    Effect,
-    Published,
-    PullDone,
-    ReadSaved,
-    Reclaimed,
-    RequestSpec,
-    Route,
-    SavedRead,
-)
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
 from rlsched.policy.lifecycle import Leave
 from rlsched.rl.requests import group_of
@@ -43,26 +29,26 @@ def saved_store(tmp_path: Path, saved: dict[str, int]) -> PartialStore:
     return store
 
 
-def reclaim(core: FleetCore, resumes: Resumes) -> list[Effect]:
+def reclaim(core: FleetCore, resumes: Resumes) -> list[fx.Effect]:
     """transient-0 (running every request) is preempted; the driver's part: read, then cut."""
-    effects = core.handle(Reclaimed(1.0, "transient-0", Leave.PREEMPTED, "a test"))
-    (read,) = [e for e in effects if isinstance(e, ReadSaved)]
-    effects = core.handle(SavedRead(1.0, "transient-0", resumes.read(read.requests)))
+    effects = core.handle(fx.Reclaimed(1.0, "transient-0", Leave.PREEMPTED, "a test"))
+    (read,) = [e for e in effects if isinstance(e, fx.ReadSaved)]
+    effects = core.handle(fx.SavedRead(1.0, "transient-0", resumes.read(read.requests)))
     for e in effects:
-        if isinstance(e, CutSaved):
+        if isinstance(e, fx.CutSaved):
             resumes.cut(e.request_id, e.keep)
     return effects
 
 
 def fleet(overrides: list[str], ids: list[str]) -> FleetCore:
     core = FleetCore(fleet_params(load_config(None, overrides)))
-    core.handle(Published(0.0, 0))
+    core.handle(fx.Published(0.0, 0))
     for name in ("transient-0", "rollout-0"):
-        core.handle(Added(0.0, name))
-        core.handle(PullDone(0.0, name, 0))
-    core.handle(Arrived(0.0, "rollout-0", "nothing"))  # not running there: dropped, not accepted
-    (route,) = core.handle(Begun(0.0, 3, tuple(RequestSpec(r, group_of(r), 2) for r in ids)))
-    assert isinstance(route, Route) and route.name == "transient-0" and route.requests == tuple(ids)
+        core.handle(fx.Added(0.0, name))
+        core.handle(fx.PullDone(0.0, name, 0))
+    core.handle(fx.Arrived(0.0, "rollout-0", "nothing"))  # not running there: dropped, not accepted
+    (route,) = core.handle(fx.Begun(0.0, 3, tuple(fx.RequestSpec(r, group_of(r), 2) for r in ids)))
+    assert isinstance(route, fx.Route) and route.name == "transient-0" and route.requests == tuple(ids)
     return core
 
 
@@ -71,7 +57,7 @@ def test_interrupted_members_continue_from_the_shortest_saved_length(tmp_path: P
     resumes = Resumes(store)
     core = fleet([], ["3-7-0", "3-7-1"])
     effects = reclaim(core, resumes)
-    (route,) = [e for e in effects if isinstance(e, Route)]
+    (route,) = [e for e in effects if isinstance(e, fx.Route)]
     assert route.name == "rollout-0" and route.resume == (10, 10)  # the other instance takes them
     assert resumes.resume_ids("3-7-0") == tuple(range(3, 13))
     assert len(store.saved("3-7-0")) == 10  # the store holds what the new attempt starts from
@@ -82,8 +68,8 @@ def test_interrupted_members_continue_from_the_shortest_saved_length(tmp_path: P
         RequestId("3-7-0"), (1, 2), (*range(3, 13), 99), tuple([-9.0] * 11), "", FinishReason.LENGTH,
         WeightVersion(2), resumed_tokens=10,
     )  # fmt: skip
-    (accepted,) = core.handle(Arrived(2.0, "rollout-0", "3-7-0"))
-    assert isinstance(accepted, Accepted) and accepted.resumed is not None and accepted.resumed.kept == 10
+    (accepted,) = core.handle(fx.Arrived(2.0, "rollout-0", "3-7-0"))
+    assert isinstance(accepted, fx.Accepted) and accepted.resumed is not None and accepted.resumed.kept == 10
     done = resumes.finish(new)
     assert done.resumed_from == 10 and done.logprob_drift > 8
     stitched = done.sample
@@ -99,6 +85,6 @@ def test_a_costly_resume_restarts_from_the_prompt(tmp_path: Path) -> None:
     resumes = Resumes(store)
     core = fleet(["rollout.resume_setup_s=1000"], ["3-1-0"])
     effects = reclaim(core, resumes)
-    (route,) = [e for e in effects if isinstance(e, Route)]
+    (route,) = [e for e in effects if isinstance(e, fx.Route)]
     assert route.resume == (0,) and resumes.resume_ids("3-1-0") == ()
     assert core.counts.restarted == 1 and len(store.saved("3-1-0")) == 0

@@ -11,107 +11,77 @@ from typing import Any, TypeVar
 
 import pytest
 
+from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore
-from rlsched.core.fleet_io import (
-    Accepted,
-    Added,
-    Arrived,
-    Begun,
-    CutSaved,
-    Effect,
-    Event,
-    FleetParams,
-    Joined,
-    KillInstance,
-    Left,
-    Note,
-    Published,
-    PullDone,
-    PullWhy,
-    ReadSaved,
-    Reclaimed,
-    ReloadAsked,
-    ReloadDone,
-    RequestSpec,
-    Resumption,
-    Route,
-    SavedRead,
-    Scaled,
-    StartInstance,
-    StartPull,
-    StreamEnded,
-    Tick,
-    Window,
-)
 from rlsched.core.weights import WeightBook
 from rlsched.policy.lifecycle import IllegalTransition, InstanceState, Leave, VersionState
 from rlsched.policy.resume import Restart, ResumeCost
 
 T = TypeVar("T")
-JOIN, CATCH_UP, RELOAD = PullWhy.JOIN, PullWhy.CATCH_UP, PullWhy.RELOAD
-GROUP = (RequestSpec("g-0", "g", 2), RequestSpec("g-1", "g", 2))  # one GRPO group of two
+JOIN, CATCH_UP, RELOAD = fx.PullWhy.JOIN, fx.PullWhy.CATCH_UP, fx.PullWhy.RELOAD
+GROUP = (fx.RequestSpec("g-0", "g", 2), fx.RequestSpec("g-1", "g", 2))  # one GRPO group of two
 
 
 def core(ready: int = 0, **params: Any) -> FleetCore:
     """A core with version 0 published and `ready` instances (rollout-0, ...) READY at it."""
-    c = FleetCore(FleetParams(**params))
-    c.handle(Published(0.0, 0))
+    c = FleetCore(fx.FleetParams(**params))
+    c.handle(fx.Published(0.0, 0))
     for i in range(ready):
-        c.handle(Added(0.0, f"rollout-{i}"))
-        c.handle(PullDone(0.0, f"rollout-{i}", 0))
+        c.handle(fx.Added(0.0, f"rollout-{i}"))
+        c.handle(fx.PullDone(0.0, f"rollout-{i}", 0))
     return c
 
 
-def reqs(n: int) -> tuple[RequestSpec, ...]:
-    return tuple(RequestSpec(f"r{i}", f"group-{i}", 2) for i in range(n))
+def reqs(n: int) -> tuple[fx.RequestSpec, ...]:
+    return tuple(fx.RequestSpec(f"r{i}", f"group-{i}", 2) for i in range(n))
 
 
-def only(effects: list[Effect], kind: type[T]) -> list[T]:
+def only(effects: list[fx.Effect], kind: type[T]) -> list[T]:
     return [e for e in effects if isinstance(e, kind)]
 
 
 def test_an_instance_added_before_any_publish_joins_at_the_reload_which_ends_once_all_pulled() -> None:
-    c = FleetCore(FleetParams())
-    assert c.handle(Added(0.0, "a", 5.0)) == [StartInstance("a", 5.0)]
-    assert c.handle(Added(0.0, "b")) == [StartInstance("b", 0.0)]
-    assert c.handle(Published(1.0, 0)) == []
-    assert c.handle(ReloadAsked(2.0)) == [StartPull("a", 0, JOIN), StartPull("b", 0, JOIN)]
-    assert c.handle(PullDone(3.0, "a", 0)) == [Joined("a", 0, JOIN, 0, 2.0)]  # b still pulls
-    assert c.handle(PullDone(4.0, "b", 0)) == [Joined("b", 0, JOIN, 0, 2.0), ReloadDone()]
+    c = FleetCore(fx.FleetParams())
+    assert c.handle(fx.Added(0.0, "a", 5.0)) == [fx.StartInstance("a", 5.0)]
+    assert c.handle(fx.Added(0.0, "b")) == [fx.StartInstance("b", 0.0)]
+    assert c.handle(fx.Published(1.0, 0)) == []
+    assert c.handle(fx.ReloadAsked(2.0)) == [fx.StartPull("a", 0, JOIN), fx.StartPull("b", 0, JOIN)]
+    assert c.handle(fx.PullDone(3.0, "a", 0)) == [fx.Joined("a", 0, JOIN, 0, 2.0)]  # b still pulls
+    assert c.handle(fx.PullDone(4.0, "b", 0)) == [fx.Joined("b", 0, JOIN, 0, 2.0), fx.ReloadDone()]
     assert c.serving() == ["a", "b"] and c.counts.joined == 2
-    c.handle(Published(5.0, 1))
-    assert c.handle(ReloadAsked(6.0)) == [StartPull("a", 1, RELOAD), StartPull("b", 1, RELOAD)]
+    c.handle(fx.Published(5.0, 1))
+    assert c.handle(fx.ReloadAsked(6.0)) == [fx.StartPull("a", 1, RELOAD), fx.StartPull("b", 1, RELOAD)]
 
 
 def test_an_instance_added_after_a_publish_pulls_at_once() -> None:
     c = core()
-    assert c.handle(Added(1.0, "a")) == [StartInstance("a", 0.0), StartPull("a", 0, JOIN)]
+    assert c.handle(fx.Added(1.0, "a")) == [fx.StartInstance("a", 0.0), fx.StartPull("a", 0, JOIN)]
     assert c.pulling() == ["a"] and c.serving() == []
 
 
 def test_a_failed_pull_releases_the_instance_and_counts_as_done_for_the_reload() -> None:
-    c = FleetCore(FleetParams())
-    c.handle(Added(0.0, "a"))
-    c.handle(Added(0.0, "b"))
-    c.handle(Published(1.0, 0))
-    c.handle(ReloadAsked(2.0))
-    c.handle(PullDone(3.0, "a", 0))
-    effects = c.handle(PullDone(4.0, "b", 0, error="checksum mismatch"))
-    assert effects == [Note("b could not join: checksum mismatch"), KillInstance("b"), ReloadDone()]
+    c = FleetCore(fx.FleetParams())
+    c.handle(fx.Added(0.0, "a"))
+    c.handle(fx.Added(0.0, "b"))
+    c.handle(fx.Published(1.0, 0))
+    c.handle(fx.ReloadAsked(2.0))
+    c.handle(fx.PullDone(3.0, "a", 0))
+    effects = c.handle(fx.PullDone(4.0, "b", 0, error="checksum mismatch"))
+    assert effects == [fx.Note("b could not join: checksum mismatch"), fx.KillInstance("b"), fx.ReloadDone()]
     assert c.counts.join_failures == 1 and c.join_errors == ["b could not join: checksum mismatch"]
     assert not c.live("b") and c.serving() == ["a"] and c.weights.pulling(0) == frozenset()
 
 
 def test_requests_go_in_batches_to_idle_ready_instances_in_member_order() -> None:
     c = core(ready=2, request_batch=3)
-    assert c.handle(Begun(1.0, 1, reqs(7))) == [
-        Route("rollout-0", ("r0", "r1", "r2"), 1, (0, 0, 0)),
-        Route("rollout-1", ("r3", "r4", "r5"), 2, (0, 0, 0)),
+    assert c.handle(fx.Begun(1.0, 1, reqs(7))) == [
+        fx.Route("rollout-0", ("r0", "r1", "r2"), 1, (0, 0, 0)),
+        fx.Route("rollout-1", ("r3", "r4", "r5"), 2, (0, 0, 0)),
     ]
     assert list(c.pending) == ["r6"]
     for rid in ("r3", "r4", "r5"):  # an arrival frees nothing: its batch still runs
-        assert c.handle(Arrived(2.0, "rollout-1", rid)) == [Accepted("rollout-1", rid, None)]
-    assert c.handle(StreamEnded(2.5, "rollout-1")) == [Route("rollout-1", ("r6",), 3, (0,))]
+        assert c.handle(fx.Arrived(2.0, "rollout-1", rid)) == [fx.Accepted("rollout-1", rid, None)]
+    assert c.handle(fx.StreamEnded(2.5, "rollout-1")) == [fx.Route("rollout-1", ("r6",), 3, (0,))]
     assert not c.pending
 
 
@@ -122,70 +92,77 @@ def test_requests_go_in_batches_to_idle_ready_instances_in_member_order() -> Non
 )
 def test_an_arrival_not_for_the_running_instance_or_already_done_is_dropped(name: str) -> None:
     c = core(ready=2, request_batch=1)
-    c.handle(Begun(0.0, 1, reqs(2)))  # r0 on rollout-0, r1 on rollout-1
-    assert c.handle(Arrived(1.0, "rollout-0", "r0")) == [Accepted("rollout-0", "r0", None)]
+    c.handle(fx.Begun(0.0, 1, reqs(2)))  # r0 on rollout-0, r1 on rollout-1
+    assert c.handle(fx.Arrived(1.0, "rollout-0", "r0")) == [fx.Accepted("rollout-0", "r0", None)]
     assert c.generating
-    assert c.handle(Arrived(1.5, name, "r0")) == [] and c.counts.duplicates_dropped == 1
-    assert c.handle(Arrived(2.0, "rollout-1", "r1")) == [Accepted("rollout-1", "r1", None)]
+    assert c.handle(fx.Arrived(1.5, name, "r0")) == [] and c.counts.duplicates_dropped == 1
+    assert c.handle(fx.Arrived(2.0, "rollout-1", "r1")) == [fx.Accepted("rollout-1", "r1", None)]
     assert not c.generating
 
 
 def test_a_stream_that_ends_early_puts_its_missing_requests_back_at_the_front_in_order() -> None:
     c = core(ready=1, request_batch=3)
-    c.handle(Begun(0.0, 1, reqs(5)))  # rollout-0 runs r0 r1 r2; r3 r4 wait
-    c.handle(Arrived(1.0, "rollout-0", "r1"))
-    assert c.handle(StreamEnded(1.0, "rollout-0")) == [Route("rollout-0", ("r0", "r2", "r3"), 2, (0, 0, 0))]
+    c.handle(fx.Begun(0.0, 1, reqs(5)))  # rollout-0 runs r0 r1 r2; r3 r4 wait
+    c.handle(fx.Arrived(1.0, "rollout-0", "r1"))
+    assert c.handle(fx.StreamEnded(1.0, "rollout-0")) == [
+        fx.Route("rollout-0", ("r0", "r2", "r3"), 2, (0, 0, 0))
+    ]
     assert list(c.pending) == ["r4"]
 
 
 @pytest.mark.parametrize(("max_staleness", "serving"), [(0, ["rollout-1"]), (1, ["rollout-0", "rollout-1"])])
 def test_an_instance_past_the_staleness_bound_gets_nothing(max_staleness: int, serving: list[str]) -> None:
     c = core(ready=1, request_batch=1, max_staleness=max_staleness)  # rollout-0 holds version 0
-    c.handle(Published(1.0, 1))
-    c.handle(Added(1.0, "rollout-1"))
-    c.handle(PullDone(2.0, "rollout-1", 1))
+    c.handle(fx.Published(1.0, 1))
+    c.handle(fx.Added(1.0, "rollout-1"))
+    c.handle(fx.PullDone(2.0, "rollout-1", 1))
     assert c.serving() == serving
-    assert [r.name for r in only(c.handle(Begun(3.0, 1, reqs(2))), Route)] == serving
+    assert [r.name for r in only(c.handle(fx.Begun(3.0, 1, reqs(2))), fx.Route)] == serving
 
 
 def test_a_pull_of_a_version_made_inadmissible_meanwhile_is_followed_by_a_catch_up_pull() -> None:
     c = core()
-    c.handle(Added(0.0, "a"))  # pulls version 0
-    assert c.handle(Published(1.0, 1)) == [] and c.weights.state(0) is VersionState.RETIRED
-    assert c.handle(PullDone(2.0, "a", 0)) == [Joined("a", 0, JOIN, 0, 0.0), StartPull("a", 1, CATCH_UP)]
+    c.handle(fx.Added(0.0, "a"))  # pulls version 0
+    assert c.handle(fx.Published(1.0, 1)) == [] and c.weights.state(0) is VersionState.RETIRED
+    assert c.handle(fx.PullDone(2.0, "a", 0)) == [
+        fx.Joined("a", 0, JOIN, 0, 0.0),
+        fx.StartPull("a", 1, CATCH_UP),
+    ]
     assert c.serving() == []
-    assert c.handle(PullDone(3.0, "a", 1)) == [Joined("a", 1, CATCH_UP, 0, 2.0)]
+    assert c.handle(fx.PullDone(3.0, "a", 1)) == [fx.Joined("a", 1, CATCH_UP, 0, 2.0)]
     assert c.serving() == ["a"] and c.counts.joined == 1
 
 
-def preempt_group(**params: Any) -> tuple[FleetCore, list[Effect]]:
+def preempt_group(**params: Any) -> tuple[FleetCore, list[fx.Effect]]:
     """rollout-0 runs GROUP and is preempted with 40 and 10 tokens saved; rollout-1 is idle."""
     c = core(ready=2, **params)
-    assert only(c.handle(Begun(0.0, 1, GROUP)), Route)[0].name == "rollout-0"
-    effects = c.handle(Reclaimed(1.0, "rollout-0", Leave.PREEMPTED, "spot"))
-    assert effects == [KillInstance("rollout-0"), ReadSaved("rollout-0", ("g-0", "g-1"))]
-    return c, c.handle(SavedRead(2.0, "rollout-0", (("g-0", 40), ("g-1", 10))))
+    assert only(c.handle(fx.Begun(0.0, 1, GROUP)), fx.Route)[0].name == "rollout-0"
+    effects = c.handle(fx.Reclaimed(1.0, "rollout-0", Leave.PREEMPTED, "spot"))
+    assert effects == [fx.KillInstance("rollout-0"), fx.ReadSaved("rollout-0", ("g-0", "g-1"))]
+    return c, c.handle(fx.SavedRead(2.0, "rollout-0", (("g-0", 40), ("g-1", 10))))
 
 
 def test_a_preempted_group_resumes_elsewhere_from_its_shortest_saved_length() -> None:
     c, effects = preempt_group()
     assert effects == [
-        CutSaved("g-0", 10),
-        CutSaved("g-1", 10),
-        Left("rollout-0", Leave.PREEMPTED, "spot", 2, 1.0),
-        Note("rollout-0 preempted (spot): 2 request(s) go back to the queue"),
-        Route("rollout-1", ("g-0", "g-1"), 2, (10, 10)),
+        fx.CutSaved("g-0", 10),
+        fx.CutSaved("g-1", 10),
+        fx.Left("rollout-0", Leave.PREEMPTED, "spot", 2, 1.0),
+        fx.Note("rollout-0 preempted (spot): 2 request(s) go back to the queue"),
+        fx.Route("rollout-1", ("g-0", "g-1"), 2, (10, 10)),
     ]
     n = c.counts
     assert (n.preempted, n.resumed, n.restarted, n.reused_tokens, n.regenerated_tokens) == (1, 2, 0, 20, 30)
-    (accepted,) = c.handle(Arrived(3.0, "rollout-1", "g-0"))
-    assert accepted == Accepted("rollout-1", "g-0", Resumption(10, 40, 1.0, "rollout-0", Restart.RESUME))
+    (accepted,) = c.handle(fx.Arrived(3.0, "rollout-1", "g-0"))
+    assert accepted == fx.Accepted(
+        "rollout-1", "g-0", fx.Resumption(10, 40, 1.0, "rollout-0", Restart.RESUME)
+    )
 
 
 def test_a_preempted_group_restarts_when_resuming_costs_more() -> None:
     c, effects = preempt_group(cost=ResumeCost(5000.0, 50.0, setup_s=1e9))
-    assert only(effects, CutSaved) == [CutSaved("g-0", 0), CutSaved("g-1", 0)]
-    assert only(effects, Route) == [Route("rollout-1", ("g-0", "g-1"), 2, (0, 0))]
+    assert only(effects, fx.CutSaved) == [fx.CutSaved("g-0", 0), fx.CutSaved("g-1", 0)]
+    assert only(effects, fx.Route) == [fx.Route("rollout-1", ("g-0", "g-1"), 2, (0, 0))]
     assert (c.counts.restarted, c.counts.resumed, c.counts.reused_tokens) == (2, 0, 0)
 
 
@@ -197,21 +174,23 @@ def test_a_restart_counts_every_saved_token_as_regenerated() -> None:
 @pytest.mark.parametrize(
     ("event", "why"),
     [
-        (Reclaimed(1.0, "rollout-0", Leave.DRAINING, "spot"), "spot"),
-        (Scaled(1.0, remove=("rollout-0",)), "rlsched scale"),
+        (fx.Reclaimed(1.0, "rollout-0", Leave.DRAINING, "spot"), "spot"),
+        (fx.Scaled(1.0, remove=("rollout-0",)), "rlsched scale"),
     ],
     ids=["reclaimed", "scaled"],
 )
-def test_a_draining_instance_takes_nothing_new_and_leaves_when_its_batch_ends(event: Event, why: str) -> None:
+def test_a_draining_instance_takes_nothing_new_and_leaves_when_its_batch_ends(
+    event: fx.Event, why: str
+) -> None:
     c = core(ready=1, request_batch=2)
-    c.handle(Begun(0.0, 1, reqs(3)))  # rollout-0 runs r0 r1; r2 waits
-    assert c.handle(event) == [Note(f"rollout-0 draining ({why}): 2 request(s) to finish")]
+    c.handle(fx.Begun(0.0, 1, reqs(3)))  # rollout-0 runs r0 r1; r2 waits
+    assert c.handle(event) == [fx.Note(f"rollout-0 draining ({why}): 2 request(s) to finish")]
     assert c.members["rollout-0"].state is InstanceState.DRAINING and c.live("rollout-0")
     for rid in ("r0", "r1"):
-        assert c.handle(Arrived(2.0, "rollout-0", rid)) == [Accepted("rollout-0", rid, None)]
-    assert c.handle(StreamEnded(3.0, "rollout-0")) == [
-        KillInstance("rollout-0"),
-        Left("rollout-0", Leave.DRAINING, why, 0, 3.0),
+        assert c.handle(fx.Arrived(2.0, "rollout-0", rid)) == [fx.Accepted("rollout-0", rid, None)]
+    assert c.handle(fx.StreamEnded(3.0, "rollout-0")) == [
+        fx.KillInstance("rollout-0"),
+        fx.Left("rollout-0", Leave.DRAINING, why, 0, 3.0),
     ]
     assert c.counts.drained == 1 and c.counts.preempted == 0 and list(c.pending) == ["r2"]
     assert not c.live("rollout-0")
@@ -219,116 +198,121 @@ def test_a_draining_instance_takes_nothing_new_and_leaves_when_its_batch_ends(ev
 
 def test_draining_an_instance_that_is_not_ready_preempts_it() -> None:
     c = core()
-    c.handle(Added(0.0, "a"))  # pulling
-    assert c.handle(Scaled(1.0, remove=("a",))) == [
-        KillInstance("a"),
-        Left("a", Leave.PREEMPTED, "rlsched scale", 0, 1.0),
-        Note("a preempted (rlsched scale): 0 request(s) go back to the queue"),
+    c.handle(fx.Added(0.0, "a"))  # pulling
+    assert c.handle(fx.Scaled(1.0, remove=("a",))) == [
+        fx.KillInstance("a"),
+        fx.Left("a", Leave.PREEMPTED, "rlsched scale", 0, 1.0),
+        fx.Note("a preempted (rlsched scale): 0 request(s) go back to the queue"),
     ]
     assert (c.counts.preempted, c.counts.drained) == (1, 0) and c.pulling() == [] and not c.live("a")
-    assert c.handle(PullDone(2.0, "a", 0)) == []  # its pull's end comes too late: ignored
+    assert c.handle(fx.PullDone(2.0, "a", 0)) == []  # its pull's end comes too late: ignored
 
 
 def test_draining_an_instance_that_already_drains_lets_it_finish() -> None:
     c = core(ready=1)
-    c.handle(Begun(0.0, 1, reqs(1)))
-    c.handle(Scaled(1.0, remove=("rollout-0",)))
-    effects = c.handle(Scaled(2.0, remove=("rollout-0",)))
-    assert not only(effects, KillInstance) and c.members["rollout-0"].state is InstanceState.DRAINING
+    c.handle(fx.Begun(0.0, 1, reqs(1)))
+    c.handle(fx.Scaled(1.0, remove=("rollout-0",)))
+    effects = c.handle(fx.Scaled(2.0, remove=("rollout-0",)))
+    assert not only(effects, fx.KillInstance) and c.members["rollout-0"].state is InstanceState.DRAINING
 
 
 def test_scaling_names_new_instances_in_turn_and_an_unknown_removal_changes_nothing() -> None:
     c = core(ready=1)
     note = "scale: {} allocated; it serves once it has the latest version"
-    assert c.handle(Scaled(1.0, add=2, ingress_bps=1e9)) == [
-        StartInstance("scaled-1", 1e9),
-        StartPull("scaled-1", 0, JOIN),
-        Note(note.format("scaled-1")),
-        StartInstance("scaled-2", 1e9),
-        StartPull("scaled-2", 0, JOIN),
-        Note(note.format("scaled-2")),
+    assert c.handle(fx.Scaled(1.0, add=2, ingress_bps=1e9)) == [
+        fx.StartInstance("scaled-1", 1e9),
+        fx.StartPull("scaled-1", 0, JOIN),
+        fx.Note(note.format("scaled-1")),
+        fx.StartInstance("scaled-2", 1e9),
+        fx.StartPull("scaled-2", 0, JOIN),
+        fx.Note(note.format("scaled-2")),
     ]
     before = c.snapshot()
-    unknown = Note("scale: no live instance named nope (live: rollout-0, scaled-1, scaled-2)")
-    assert c.handle(Scaled(2.0, remove=("nope",))) == [unknown]
+    unknown = fx.Note("scale: no live instance named nope (live: rollout-0, scaled-1, scaled-2)")
+    assert c.handle(fx.Scaled(2.0, remove=("nope",))) == [unknown]
     assert c.snapshot() == before and c.counts.drained == c.counts.preempted == 0
 
 
 def test_a_window_opens_at_its_time_into_its_iterations_generation_and_ends_available_s_later() -> None:
-    c = core(ready=1, windows=(Window("transient-0", join_at_s=5.0, available_s=3.0),))
+    c = core(ready=1, windows=(fx.Window("transient-0", join_at_s=5.0, available_s=3.0),))
     assert c.next_wakeup() is None  # no generation yet
-    c.handle(Begun(10.0, 1, reqs(1)))
+    c.handle(fx.Begun(10.0, 1, reqs(1)))
     assert c.next_wakeup() == 15.0
-    assert c.handle(Tick(14.9)) == []
+    assert c.handle(fx.Tick(14.9)) == []
     wake = c.next_wakeup()
     assert wake is not None  # a driver ticking at next_wakeup finds the window open: no loop
-    assert c.handle(Tick(wake)) == [StartInstance("transient-0", 0.0), StartPull("transient-0", 0, JOIN)]
+    assert c.handle(fx.Tick(wake)) == [
+        fx.StartInstance("transient-0", 0.0),
+        fx.StartPull("transient-0", 0, JOIN),
+    ]
     assert c.next_wakeup() == 18.0  # granted at 15, available 3 s
-    c.handle(PullDone(16.0, "transient-0", 0))
-    assert c.handle(Tick(18.0)) == [
-        KillInstance("transient-0"),
-        Left("transient-0", Leave.PREEMPTED, "its availability window ended", 0, 18.0),
-        Note("transient-0 preempted (its availability window ended): 0 request(s) go back to the queue"),
+    c.handle(fx.PullDone(16.0, "transient-0", 0))
+    assert c.handle(fx.Tick(18.0)) == [
+        fx.KillInstance("transient-0"),
+        fx.Left("transient-0", Leave.PREEMPTED, "its availability window ended", 0, 18.0),
+        fx.Note("transient-0 preempted (its availability window ended): 0 request(s) go back to the queue"),
     ]
     assert c.next_wakeup() is None
 
 
 def test_a_window_of_a_later_iteration_opens_at_that_iterations_begun() -> None:
-    c = core(ready=1, windows=(Window("transient-0", join_iteration=2),))
-    assert only(c.handle(Begun(0.0, 1, reqs(1))), StartInstance) == [] and c.next_wakeup() is None
-    c.handle(Arrived(1.0, "rollout-0", "r0"))
-    c.handle(StreamEnded(1.0, "rollout-0"))
-    assert c.handle(Begun(50.0, 2, reqs(1))) == [
-        StartInstance("transient-0", 0.0),
-        StartPull("transient-0", 0, JOIN),
-        Route("rollout-0", ("r0",), 2, (0,)),
+    c = core(ready=1, windows=(fx.Window("transient-0", join_iteration=2),))
+    assert only(c.handle(fx.Begun(0.0, 1, reqs(1))), fx.StartInstance) == [] and c.next_wakeup() is None
+    c.handle(fx.Arrived(1.0, "rollout-0", "r0"))
+    c.handle(fx.StreamEnded(1.0, "rollout-0"))
+    assert c.handle(fx.Begun(50.0, 2, reqs(1))) == [
+        fx.StartInstance("transient-0", 0.0),
+        fx.StartPull("transient-0", 0, JOIN),
+        fx.Route("rollout-0", ("r0",), 2, (0,)),
     ]
 
 
 def test_a_reclaim_iteration_window_ends_reclaim_at_s_into_that_iterations_generation() -> None:
-    c = core(windows=(Window("transient-0", reclaim_iteration=2, reclaim_at_s=4.0),))
-    c.handle(Begun(0.0, 1, reqs(1)))  # opens at once
-    assert only(c.handle(PullDone(1.0, "transient-0", 0)), Route) == [Route("transient-0", ("r0",), 1, (0,))]
+    c = core(windows=(fx.Window("transient-0", reclaim_iteration=2, reclaim_at_s=4.0),))
+    c.handle(fx.Begun(0.0, 1, reqs(1)))  # opens at once
+    assert only(c.handle(fx.PullDone(1.0, "transient-0", 0)), fx.Route) == [
+        fx.Route("transient-0", ("r0",), 1, (0,))
+    ]
     assert c.next_wakeup() is None  # not its iteration
-    c.handle(Arrived(2.0, "transient-0", "r0"))
-    c.handle(StreamEnded(2.0, "transient-0"))
-    c.handle(Begun(100.0, 2, reqs(1)))
+    c.handle(fx.Arrived(2.0, "transient-0", "r0"))
+    c.handle(fx.StreamEnded(2.0, "transient-0"))
+    c.handle(fx.Begun(100.0, 2, reqs(1)))
     assert c.next_wakeup() == 104.0
-    assert c.handle(Tick(103.9)) == []
-    assert c.handle(Tick(104.0)) == [KillInstance("transient-0"), ReadSaved("transient-0", ("r0",))]
+    assert c.handle(fx.Tick(103.9)) == []
+    assert c.handle(fx.Tick(104.0)) == [fx.KillInstance("transient-0"), fx.ReadSaved("transient-0", ("r0",))]
 
 
 def test_after_generation_ends_next_wakeup_no_longer_reports_join_windows() -> None:
-    c = core(ready=1, windows=(Window("transient-0", join_at_s=50.0),))
-    c.handle(Begun(0.0, 1, reqs(1)))
+    c = core(ready=1, windows=(fx.Window("transient-0", join_at_s=50.0),))
+    c.handle(fx.Begun(0.0, 1, reqs(1)))
     assert c.next_wakeup() == 50.0
-    c.handle(Arrived(1.0, "rollout-0", "r0"))
+    c.handle(fx.Arrived(1.0, "rollout-0", "r0"))
     assert not c.generating and c.next_wakeup() is None
-    assert c.handle(Tick(50.0)) == []
+    assert c.handle(fx.Tick(50.0)) == []
 
 
 def test_requests_are_stranded_only_when_nothing_serves_joins_or_is_due() -> None:
     c = core()
-    c.handle(Begun(0.0, 1, reqs(1)))
+    c.handle(fx.Begun(0.0, 1, reqs(1)))
     assert c.stranded()
-    c.handle(Added(1.0, "a"))
+    c.handle(fx.Added(1.0, "a"))
     assert not c.stranded()  # a is pulling
-    windowed = core(windows=(Window("transient-0", join_at_s=5.0),))
-    windowed.handle(Begun(0.0, 1, reqs(1)))
+    windowed = core(windows=(fx.Window("transient-0", join_at_s=5.0),))
+    windowed.handle(fx.Begun(0.0, 1, reqs(1)))
     assert not windowed.stranded()  # a window is due
 
 
 @pytest.mark.parametrize(
     "event",
     [
-        PullDone(1.0, "rollout-0", 0),
-        PullDone(1.0, "nobody", 0),
-        StreamEnded(1.0, "rollout-0"),
-        Reclaimed(1.0, "nobody", Leave.PREEMPTED, "x"),
+        fx.PullDone(1.0, "rollout-0", 0),
+        fx.PullDone(1.0, "nobody", 0),
+        fx.StreamEnded(1.0, "rollout-0"),
+        fx.Reclaimed(1.0, "nobody", Leave.PREEMPTED, "x"),
     ],
     ids=["pull not pulling", "pull unknown", "stream idle", "reclaim unknown"],
 )
-def test_an_event_that_does_not_apply_to_an_instance_is_ignored(event: Event) -> None:
+def test_an_event_that_does_not_apply_to_an_instance_is_ignored(event: fx.Event) -> None:
     c = core(ready=1)
     before = c.snapshot()
     assert c.handle(event) == [] and c.snapshot() == before and c.counts.joined == 1
