@@ -6,7 +6,9 @@
 Workload (virtual time, `rlsched.sim` running the runtime's own policies): one RL job whose batches
 of `--samples` samples (groups of 8 per problem; the same problems every iteration, so a problem's
 history predicts its samples) are generated on 16 instances x 32 slots per 10,240 samples
-(lognormal, mean 20 s, sigma 0.6: about 400 s of generation) and verified on `--workers` workers,
+(lognormal, mean 20 s, sigma 0.6; each idle instance takes 32 requests at a time and takes more
+once its batch has ended, as the runtime routes: about 1,300 s of generation) and verified on
+`--workers` workers,
 for three tail shapes of a problem's verification time: bimodal 9:1 (1 s or 100 s, as in the SPEC),
 lognormal (mean 5 s, sigma 1.5) and Pareto (scale 2 s, alpha 1.5); each sample varies around its
 problem's time by a lognormal factor (sigma 0.2). Policies: the sequential baseline (verify after

@@ -58,6 +58,7 @@ def fit(
         "samples": samples,
         "instances": instances,
         "slots": samples,
+        "request_batch": samples,  # one batch: each sample's drawn time is its arrival offset
         "generate_s": {"kind": "empirical", "values": arrivals},
         "verify_cpu_s": {"kind": "empirical", "values": verifies},
         "update_s": statistics.median(updates),

@@ -166,13 +166,19 @@ class _Stage:
             self.work[task.task_id] = work
         self._feed(Submitted(self.sim.now, tuple([t for t, _ in tasks])))
 
+    def submit_one(self, task: PendingVerification, work: _Work) -> None:
+        """`submit` of one verification (the common case: a sample verified as it arrives)."""
+        self.work[task.task_id] = work
+        self._feed(Submitted(self.sim.now, (task,)))
+
     def batches_changed(self) -> None:
         """What the jobs' batches wait for has changed (the dispatch policy reads it)."""
         self._feed(Tick(self.sim.now, tuple(j.batch_state() for j in self.jobs if j.active)))
 
     def _feed(self, event: Event) -> None:
-        self._apply(self.core.handle(event))
-        due, alarm = self.core.next_wakeup(), self._alarm
+        core = self.core
+        self._apply(core.handle(event))
+        due, alarm = core.next_wakeup(), self._alarm
         if due is not None and (alarm.handle is None or due < alarm.handle.time):  # inline: per event
             alarm.arm(due)
 
@@ -402,7 +408,10 @@ class _Job:
         for task in tasks:
             n, pending = self.arrivals.pop(task)
             out.append((pending, _Work(self.cpu_list[n], partial(self.on_cpu_done, n), it, prepares)))
-        self.cpu.submit(out)
+        if len(out) == 1:
+            self.cpu.submit_one(*out[0])
+        else:
+            self.cpu.submit(out)
 
     def on_cpu_done(self, n: int, task: TaskId, result: Outcome | PendingVerification) -> None:
         if self.gpu is None or not isinstance(result, PendingVerification):
