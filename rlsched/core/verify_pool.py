@@ -23,7 +23,9 @@ it read from its clock, and carries out the effects returned, in order:
   at once, busy ones as they finish, added ones are requested (and paid for) at once.
 
 The timers (timeouts, overdue looks, scaling) are kept in a heap; `next_wakeup` says when the next
-one is due, so a driver knows when to send the next `Tick`. Lifecycles: `SlotState` per worker and
+one is due, so a driver knows when to send the next `Tick`. A driver that handles many events per
+wake-up (the simulator) asks `sooner_than(armed)` after each instead: only a timer set since its
+last look can move its alarm earlier. Lifecycles: `SlotState` per worker and
 `VerifyState` per task (`rlsched.policy.lifecycle`), each move checked against its table.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -148,6 +151,7 @@ class VerifyPoolCore:
         self.estimator = estimator if estimator is not None else RemainingTime()
         self.timeouts = TimeoutTable(params.timeouts)
         self.queue = DispatchQueue(params.verify, self.estimator)
+        self._queued = self.queue.members  # read per event: a dict's truth, not a call to __len__
         self.slots: dict[WorkerId, _Slot] = {}
         self.free: dict[WorkerId, None] = {}  # IDLE workers, in the order they became idle
         self.runs: dict[TaskId, _Run] = {}
@@ -161,6 +165,7 @@ class VerifyPoolCore:
         self._started = itertools.count()
         self._seq = itertools.count()
         self._timers: list[_Due] = []
+        self._soonest = math.inf  # the earliest timer set since `next_wakeup` last looked
         self._out: list[Effect] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
             Submitted: self._submit,
@@ -185,7 +190,7 @@ class VerifyPoolCore:
     def handle(self, event: Event) -> list[Effect]:
         """Take in one event; the effects, in the order they are to be carried out."""
         self._handlers[type(event)](event)
-        if len(self.queue) and (self.free or self._may_preempt):
+        if self._queued and (self.free or self._may_preempt):
             self._dispatch(event.at)
         out, self._out = self._out, []
         return out
@@ -193,7 +198,7 @@ class VerifyPoolCore:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
-        return not len(self.queue) and not self.runs
+        return not self._queued and not self.runs
 
     @property
     def _may_preempt(self) -> bool:
@@ -209,8 +214,18 @@ class VerifyPoolCore:
         """Workers held: starting, idle, busy or stopping."""
         return len(self.slots)
 
+    def sooner_than(self, armed: float) -> float | None:
+        """`next_wakeup`, if it can be earlier than `armed` (the wake-up a driver already has set);
+        otherwise None. Only a timer set since the last look, or a heartbeat, can move it earlier,
+        so most events cost one comparison here. (A wake-up that finds its timer's run ended is a
+        `Tick` that does nothing; the driver then asks `next_wakeup` for the next.)"""
+        if self._soonest >= armed and self.params.heartbeats is None:
+            return None
+        return self.next_wakeup()
+
     def next_wakeup(self) -> float | None:
         """When the next `Tick` has something to do (a timer, a heartbeat), if anything is due."""
+        self._soonest = math.inf
         timers = self._timers
         while timers:  # drop the timers of runs that have ended (inline: this runs per event)
             run = timers[0][3]
@@ -306,7 +321,7 @@ class VerifyPoolCore:
 
     def _submit(self, event: Submitted) -> None:
         free, queue, books = len(self.free), self.queue, self.books.free_at_arrival
-        if len(event.tasks) == 1 and free and not len(queue) and event.tasks[0].slots == 1:
+        if len(event.tasks) == 1 and free and not self._queued and event.tasks[0].slots == 1:
             # one task, nothing queued, a worker free: what the policy would pick at once (the queue
             # would hold it alone, and a free worker means nothing is preempted)
             task = event.tasks[0]
@@ -389,6 +404,8 @@ class VerifyPoolCore:
         run.to(VerifyState.RUNNING)
         self._out.append(StartRun(task, worker, gang, timeout))
         heapq.heappush(self._timers, (at + timeout, next(self._seq), _Timer.TIMEOUT, run))
+        if at + timeout < self._soonest:
+            self._soonest = at + timeout
         if task.key and self.params.learn:  # look again once it has run what its kind usually takes
             self._timer(at + max(self.estimator.overdue_after(task.kind), 1e-6), _Timer.OVERDUE, run)
 
@@ -409,7 +426,7 @@ class VerifyPoolCore:
             self._release_gang(run, event.at)
         outcome, task = event.outcome, run.task
         if isinstance(outcome, (Verdict, Prepared)):  # a tuple: cheaper than a union, per run
-            took = max(0.0, event.w_end - event.w_start)
+            took = event.w_end - event.w_start if event.w_end > event.w_start else 0.0
             if self.params.learn:
                 self.estimator.observe(task.kind, task.key, took, run_id=task.task_id)
                 self.queue.observed(task.kind, task.key)
@@ -486,6 +503,7 @@ class VerifyPoolCore:
 
     def _timer(self, at: float, what: _Timer, run: _Run | None) -> None:
         heapq.heappush(self._timers, (at, next(self._seq), what, run))
+        self._soonest = min(self._soonest, at)
 
     @staticmethod
     def _stale(due: _Due) -> bool:

@@ -22,6 +22,7 @@ import bisect
 import heapq
 import itertools
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rlsched.policy.estimate import RemainingTime
@@ -54,6 +55,7 @@ class DispatchQueue:
         self._heap: list[tuple[float, float, str, _Ref, int]] = []
         self._buckets: dict[_Bucket, _BucketState] = {}
         self._by_id: dict[TaskId, PendingVerification] = {}
+        self.members: Mapping[TaskId, PendingVerification] = self._by_id  # read-only; `if q.members`: cheap
         self._batches: Counter[BatchId] = Counter()
         self._of_key: dict[tuple[str, str], set[_Group]] = {}  # (kind, key) -> its groups (elapsed differ)
         self._floored: dict[str, set[_Group]] = {}  # per kind: groups lifted by a running sibling

@@ -28,9 +28,12 @@ verifications).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
+from typing import cast
 
 import numpy as np
 
@@ -176,29 +179,26 @@ class _Stage:
         self._feed(Tick(self.sim.now, tuple(j.batch_state() for j in self.jobs if j.active)))
 
     def _feed(self, event: Event) -> None:
-        core = self.core
-        self._apply(core.handle(event))
-        due, alarm = core.next_wakeup(), self._alarm
-        if due is not None and (alarm.handle is None or due < alarm.handle.time):  # inline: per event
+        self._apply(self.core.handle(event))
+        alarm = self._alarm
+        due = self.core.sooner_than(math.inf if alarm.handle is None else alarm.handle.time)
+        if due is not None:
             alarm.arm(due)
 
     def _on_tick(self) -> None:
-        self._feed(Tick(self.sim.now))
+        self._apply(self.core.handle(Tick(self.sim.now)))
+        self._alarm.arm(self.core.next_wakeup())  # the alarm has rung: look for the next in full
 
     def _apply(self, effects: list[Effect]) -> None:
         sim = self.sim
         for e in effects:  # the common effects first, in the order they are most frequent
-            kind = type(e)
-            if kind is StartRun:
-                assert isinstance(e, StartRun)
+            if type(e) is StartRun:  # `type is`: cheaper than isinstance, per run
                 work = self.work[e.task.task_id]
-                sim.after(work.seconds, partial(self._finished, e.task, sim.now, work.prepares))
+                sim.at(sim.now + work.seconds, partial(self._finished, e.task, sim.now, work.prepares))
                 sim.decisions.append(dispatch_line(e, sim.now))
-            elif kind is RunEnded:
-                assert isinstance(e, RunEnded)
+            elif type(e) is RunEnded:
                 self._ended(e)
-            elif kind is Settled:
-                assert isinstance(e, Settled)
+            elif type(e) is Settled:
                 self.work.pop(e.task_id).done(e.task_id, e.outcome)
             elif isinstance(e, HandedOn):
                 self.work.pop(e.task.task_id).done(e.task.task_id, e.task)
@@ -258,7 +258,8 @@ class _Job:
         self.base: dict[int, tuple[float, float]] = {}  # a problem's CPU and GPU verify seconds
         self.order = np.zeros(0, dtype=np.int64)  # the dataset's problems in this epoch's order
         self.next_problem = 0
-        self.ids: list[str] = []  # sample n's id in this iteration
+        self.ids: list[TaskId] = []  # sample n's id in this iteration
+        self.batch = BatchId("")  # this iteration's batch
         self.arrivals: dict[str, tuple[int, PendingVerification]] = {}  # until the core says verify
         self.reads_batches = cpu.params.policy is DispatchPolicy.DISTRS  # the only policy that does
         self.active = True
@@ -363,7 +364,8 @@ class _Job:
     def start_iteration(self) -> None:
         c = self.cfg
         it = self.core.iteration + 1
-        self.ids = [f"{self.name}/{it}-{n}" for n in range(c.samples)]
+        self.ids = cast(list[TaskId], [f"{self.name}/{it}-{n}" for n in range(c.samples)])  # no call per id
+        self.batch = BatchId(f"{self.name}/iter-{it}")
         self._feed(Started(self.sim.now, it, tuple(self.ids)))
         self._batch_changed()
         durations = self._generation_times(c.samples)
@@ -375,9 +377,8 @@ class _Job:
         self.fleet.start_iteration(self.iteration, self.tokens.tolist(), rates.tolist())
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
-        batch = BatchId(f"{self.name}/iter-{self.core.iteration}")
         key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
-        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
+        return PendingVerification(task, self.batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
     def _pulled(self, instance: str, start: float, join: bool) -> None:
         """An instance has a version: a join (not a phase) or the reload after an update."""
@@ -395,7 +396,7 @@ class _Job:
                 stage.batches_changed()
 
     def on_sample(self, n: int, lane: str) -> None:
-        task = TaskId(self.ids[n])
+        task = self.ids[n]
         self._span(SpanKind.GENERATE, task, self.core.started, lane)
         self.arrivals[task] = (n, self._pending(task, n, self.cfg.verify_slots))
         self._apply(self.core.sample_arrived(self.sim.now, task, self.core.version))  # handle(SampleArrived)
@@ -475,7 +476,7 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
         sim.at(0.0, job.start)
     run.events = sim.run()
     run.decisions = sim.decisions
-    end = max((s.end for s in run.spans), default=0.0)
+    end = max(map(attrgetter("end"), run.spans), default=0.0)
     for job in jobs:
         if job.cfg.weights is not None or job.cfg.transient:  # an elastic job: each instance's life
             run.instances.update(job.fleet.lives(end))
