@@ -70,6 +70,20 @@ def test_a_submitted_task_runs_on_a_free_worker_and_its_verdict_is_settled() -> 
     assert c.idle and c.timeouts.timeout("default/p0") == 3.0  # 1.5 x the correct run's 2 s
 
 
+def test_sooner_than_answers_only_when_a_timer_set_since_the_last_look_is_earlier() -> None:
+    c = core(workers=2, learn=False)  # the timeouts are the only timers
+    c.handle(Submitted(0.0, (task(0),)))
+    assert c.sooner_than(float("inf")) == 10.0 == c.next_wakeup()
+    assert c.sooner_than(10.0) is None  # nothing set since: the alarm at 10 stands
+    c.handle(Submitted(1.0, (task(1),)))
+    assert c.sooner_than(10.0) is None  # its timeout (11) is later than the alarm
+    c.handle(passed(task(0), 2.0))  # the run behind the alarm ends: a wake-up at 10 finds nothing
+    assert c.handle(Tick(10.0)) == [] and c.next_wakeup() == 11.0
+    c.handle(passed(task(1), 10.5))
+    c.handle(Submitted(10.5, (task(2),)))
+    assert c.sooner_than(11.0) is None and c.sooner_than(float("inf")) == 20.5
+
+
 def test_a_run_past_its_timeout_is_killed_retried_and_then_settled_as_a_timeout() -> None:
     c = core(retries=1, learn=False)  # no overdue looks: the timeout is the only timer
     t = task(0)
