@@ -40,6 +40,7 @@ from actors.trainer import PublishedVersion, TrainingGroup
 from actors.verification import JobVerification
 from rlsched.config import JobConfig
 from rlsched.core import iteration as it
+from rlsched.core.demand import training_devices
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
@@ -82,10 +83,8 @@ class JobController:
         self.orders = Orders(self.fleet, cluster, inbox, self.clock, log)
         self.verification = JobVerification(cfg, self.verifiers, self.spans, self.clock, log, workers_pg)
         self.estimator = self.verification.estimator
-        g = cfg.trainer
-        cost_rate = float(g.ranks * max(1, g.gpus_per_rank))  # devices the training group leaves idle
         self.core = it.IterationCore(
-            it.IterationParams(cfg.schedule.overlap, cost_rate, cfg.rollout.max_staleness)
+            it.IterationParams(cfg.schedule.overlap, training_devices(cfg.trainer), cfg.rollout.max_staleness)
         )
         self.trace: it.IterationTrace | None = None
         self.phases = it.Phases()  # what the core asked for: `run_iteration` runs them in order
@@ -188,7 +187,7 @@ class JobController:
                 "resumed_tokens": sample.resumed_tokens,
             }
             self.spans.append(Span(SpanKind.GENERATE, rid, start, now, iteration, attrs))
-            self.verification.arrived(sample, references[rid], iteration)
+            self.verification.arrived(sample, references[rid], iteration, self.core.batch_id)
             self._feed(it.SampleArrived(now, rid, int(sample.weight_version)))
 
     def assemble(

@@ -28,13 +28,14 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.demand import actor_options, instance_bundle
+from actors.demand import actor_options
 from actors.fleet_spans import preempt_span, pull_spans, resume_span
 from actors.rollout import JoinReport, RolloutInstance
 from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
 from rlsched.config import JobConfig
 from rlsched.core import fleet_io as fx
+from rlsched.core.demand import instance_bundle
 from rlsched.core.fleet import FleetCore, FleetTrace
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.errors import UserError

@@ -20,12 +20,12 @@ import ray
 
 from actors.cluster import ClusterClient, JobStopped, find_scheduler
 from actors.controller import JobController
-from actors.demand import job_spec, required_resources
 from actors.fleet import store_path
 from actors.interrupt import ctrl_c
 from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox
 from rlsched.config import EngineKind, JobConfig
+from rlsched.core.demand import job_spec, required_resources
 from rlsched.errors import UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times

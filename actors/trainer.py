@@ -25,8 +25,9 @@ import torch.distributed as dist
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.demand import actor_options, rank_bundle
+from actors.demand import actor_options
 from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
+from rlsched.core.demand import rank_bundle
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
 from rlsched.rl.grpo import LossStats

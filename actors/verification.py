@@ -68,12 +68,12 @@ class JobVerification:
     def kind_key(self, problem: TaskProblem) -> tuple[str, str]:
         return verify_kind_key(problem, self.cfg.verifier.kind)
 
-    def arrived(self, sample: Sample, problem: TaskProblem, iteration: int) -> None:
-        """A sample to verify once the core says so: its task (arriving now) and request."""
+    def arrived(self, sample: Sample, problem: TaskProblem, iteration: int, batch: BatchId) -> None:
+        """A sample of `batch` to verify once the core says so: its task (arriving now) and request."""
         kind, key = self.kind_key(problem)
         task = PendingVerification(
             TaskId(sample.request_id),
-            BatchId(f"iter-{iteration}"),
+            batch,
             self.clock(),
             kind=kind,
             key=key,

@@ -172,11 +172,16 @@ class IterationCore:
         self._handlers[type(event)](event)
         return self._take()
 
+    @property
+    def batch_id(self) -> BatchId:
+        """This iteration's batch, as its verifications name it."""
+        return BatchId(f"{self.params.batch_prefix}{self.iteration}")
+
     def batch_state(self) -> BatchState:
         """What the training group of this iteration's batch waits for, as the dispatch policy reads it."""
         last = self.last_generation_s
         return BatchState(
-            BatchId(f"{self.params.batch_prefix}{self.iteration}"),
+            self.batch_id,
             cost_rate=self.params.cost_rate,
             outstanding=len(self.requests) - len(self.arrived) if self.phase is _P.GENERATING else 0,
             generation_end=None if last is None else self.started + last,
@@ -196,14 +201,14 @@ class IterationCore:
     # -- handlers ---------------------------------------------------------------------------------
 
     def _started(self, e: Started) -> None:
+        if not e.requests:
+            raise ValueError(f"iteration {e.iteration} asks for no samples")
         self._to(_P.GENERATING)
         self.iteration, self.started, self.generated_with = e.iteration, e.at, self.version
         self.requests = list(e.requests)
         self.wanted = set(self.requests)
         self.arrived, self.judged, self.held = {}, set(), []
         self.generation_s = None
-        if not self.requests:
-            raise ValueError(f"iteration {e.iteration} asks for no samples")
 
     def _offered(self, e: Offered) -> None:
         if self.phase is not _P.GENERATING:
@@ -218,17 +223,12 @@ class IterationCore:
     def sample_arrived(self, at: float, rid: str, version: int) -> list[Effect]:
         """`handle(SampleArrived(...))` without the event around it (the simulator's per-sample call)."""
         self._on_arrival(at, rid, version)
-        out, self._out = self._out, []
-        return out
+        return self._take()
 
     def judged_now(self, at: float, rid: str) -> list[Effect]:
-        """`handle(Judged(...))` without the event around it (the simulator's per-sample call; most
-        verdicts decide nothing, and then the same empty list comes back)."""
+        """`handle(Judged(...))` without the event around it (the simulator's per-sample call)."""
         self._on_verdict(rid)
-        if not self._out:
-            return self._out
-        out, self._out = self._out, []
-        return out
+        return self._take()
 
     def _arrived(self, e: SampleArrived) -> None:
         self._on_arrival(e.at, e.request_id, e.version)

@@ -365,8 +365,8 @@ class _Job:
         c = self.cfg
         it = self.core.iteration + 1
         self.ids = cast(list[TaskId], [f"{self.name}/{it}-{n}" for n in range(c.samples)])  # no call per id
-        self.batch = BatchId(f"{self.name}/iter-{it}")
         self._feed(Started(self.sim.now, it, tuple(self.ids)))
+        self.batch = self.core.batch_id
         self._batch_changed()
         durations = self._generation_times(c.samples)
         self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))

@@ -3,8 +3,9 @@ exactly that bundle (what a placement group's bundle of the same shape reserves)
 
 from __future__ import annotations
 
-from actors.demand import actor_options, instance_bundle, rank_bundle, worker_bundle
+from actors.demand import actor_options
 from rlsched.config import load_config
+from rlsched.core.demand import instance_bundle, rank_bundle, worker_bundle
 
 
 def test_each_bundle_carries_its_cpus_gpus_and_custom_resources() -> None:

@@ -1,0 +1,65 @@
+"""A job's demand on the cluster, written once: the bundle each training rank, rollout instance and
+verifier worker holds, and the devices its training group leaves idle while a batch is incomplete.
+
+The cluster scheduler's gangs (`job_spec`), the capacity check before a job starts
+(`required_resources`), the trainer's own placement group (`actors.trainer.reserve_gang`), the
+actors themselves (`actors.fleet`, `actors.pool`, through `actors.demand.actor_options`) and the
+iteration's cost rate (`training_devices`) all take their figures from here, so what a job is
+admitted for is what its actors ask Ray for.
+"""
+
+from __future__ import annotations
+
+from rlsched.config import JobConfig, RolloutConfig, TrainerConfig, VerifierConfig
+from rlsched.core.cluster import JobSpec
+from rlsched.policy.placement import Gang, Strategy, add
+
+Bundle = dict[str, float]
+
+
+def rank_bundle(t: TrainerConfig) -> Bundle:
+    """One training rank: its CPUs, its GPUs if any, and `trainer.resources`."""
+    bundle: Bundle = {"CPU": t.cpus_per_rank, **t.resources}
+    if t.gpus_per_rank:
+        bundle["GPU"] = t.gpus_per_rank
+    return bundle
+
+
+def instance_bundle(r: RolloutConfig) -> Bundle:
+    """One rollout instance (static, transient, scaled or elastic): its CPUs and `rollout.resources`."""
+    return {"CPU": r.cpus_per_instance, **r.resources}
+
+
+def worker_bundle(v: VerifierConfig, gpu: bool = False) -> Bundle:
+    """One verifier worker: `verifier.cpus_per_worker` CPUs, or a GPU stage's one CPU and one GPU."""
+    return {"CPU": 1.0, "GPU": 1.0} if gpu else {"CPU": v.cpus_per_worker}
+
+
+def training_devices(t: TrainerConfig) -> float:
+    """The devices the training group holds, left idle while its batch is incomplete (a CPU-only
+    rank counts as one): the cost rate the verifier pool's dispatch policy weighs batches by."""
+    return float(t.ranks * max(1, t.gpus_per_rank))
+
+
+def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:
+    """A job config's demand: the training ranks as one gang under their placement strategy; the
+    static rollout instances and verifier workers as a second gang (PACK); `rollout.elastic`
+    instances as elastic parts."""
+    t, r, v = cfg.trainer, cfg.rollout, cfg.verifier
+    workers = [instance_bundle(r) for _ in range(r.instances)]
+    workers += [worker_bundle(v) for _ in range(v.workers)]
+    workers += [worker_bundle(v, gpu=True) for _ in range(v.gpu_workers)]
+    gangs = (
+        Gang(tuple(rank_bundle(t) for _ in range(t.ranks)), Strategy(t.placement_strategy.value)),
+        Gang(tuple(workers), Strategy.PACK),
+    )
+    return JobSpec(name, queue, priority, gangs, tuple(instance_bundle(r) for _ in range(r.elastic)))
+
+
+def required_resources(cfg: JobConfig) -> dict[str, float]:
+    """What the job holds at once: its gangs, as the cluster scheduler is asked for them (`job_spec`:
+    ranks, static instances, CPU and GPU verifier workers, with their `resources`), and its transient
+    instances, whose windows may overlap."""
+    spec = job_spec(cfg, cfg.run.out_dir.name, "", "")
+    transient = [instance_bundle(cfg.rollout) for _ in cfg.rollout.transient]
+    return add(*(bundle for gang in spec.gangs for bundle in gang.bundles), *transient)
