@@ -205,7 +205,8 @@ def run_job(
         controller = JobController(cfg, log=log, out_dir=out_dir, inbox=inbox, cluster=client, groups=groups)
         log(
             f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
-            f"({cfg.trainer.placement_strategy.value}), {cfg.rollout.instances} rollout instances, "
+            f"({cfg.trainer.strategy.value}, {cfg.trainer.placement_strategy.value}), "
+            f"{cfg.rollout.instances} rollout instances, "
             f"{cfg.verifier.workers} verifier workers, overlap {'on' if cfg.schedule.overlap else 'off'}"
         )
         return _iterate(cfg, controller, out_dir, log, tick)

@@ -1,12 +1,17 @@
 """The training group: N rank actors reserved all-or-nothing in one placement group, joined by
-torch.distributed (gloo on CPU, nccl on GPU), one GRPO update per iteration, rank 0 publishing.
+torch.distributed (gloo on CPU, NCCL on GPU), one GRPO update per iteration, rank 0 publishing.
 
-Every rank loads the same checkpoint, takes a shard of the batch, divides its loss by the whole
-batch's token count and all-reduces its gradients, so all ranks apply the same step and hold the same
-fp32 masters. Rank 0 then publishes the new version: BF16 safetensors bytes, held in memory by the
-weight service it hosts (`rlsched.transfer.service`, on its node's address) for the rollout
-instances to pull over the modelled link; the description (version, SHA-256, size, address) is
-what the controller passes on.
+Each actor wraps a `RankTrainer` (`rlsched.rl.rank`): the same checkpoint, held as
+`trainer.strategy` says (a replica per rank, or FSDP2 shards), a shard of each batch divided by the
+whole batch's token count, so all ranks apply one step. Rank 0 then publishes the new version: the
+weights gathered tensor by tensor as BF16 (under fsdp every rank joins each gather), written as
+safetensors bytes and held by the weight service it hosts (`rlsched.transfer.service`, on its node's
+address) for the rollout instances to pull over the modelled link. The description (version,
+SHA-256, size, address) is what the controller passes on.
+
+A rank that dies or stops answering fails the step instead of hanging the gang: every collective has
+`trainer.collective_timeout_s`, and `TrainingGroup` raises a `TrainingFault` naming the ranks that
+died, faulted or never answered.
 """
 
 from __future__ import annotations
@@ -18,21 +23,25 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
-import torch.distributed as dist
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.demand import actor_options
-from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
+from rlsched.config import GRPOConfig, TrainerConfig, TrainStrategy, WeightsConfig
 from rlsched.core.demand import rank_bundle
-from rlsched.errors import UserError
-from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
+from rlsched.errors import CollectiveFault, TrainingFault, UserError
+from rlsched.model.checkpoint import checksum, load_checkpoint, state_bytes
 from rlsched.rl.grpo import LossStats
-from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
+from rlsched.rl.rank import RankTrainer
+from rlsched.rl.sharding import RANK_ENV, HeldBytes, join_group, rank_device
+from rlsched.rl.update import TrainItem
 from rlsched.transfer.service import WeightService
+
+FAULT_GRACE_S = 5.0  # after one rank fails, how long the others have to answer before they are named
 
 
 @dataclass(frozen=True)
@@ -56,13 +65,10 @@ class TrainerRank:
     ) -> None:
         torch.set_num_threads(max(1, int(trainer.cpus_per_rank)))
         torch.manual_seed(seed)
-        self.rank, self.world, self.cfg = rank, world, grpo
-        ckpt = load_checkpoint(Path(checkpoint) if checkpoint else None)
-        self.policy = prepare_policy(ckpt.model, trainer)
-        pad = ckpt.tokenizer.pad_token_id
-        self.train_options = TrainOptions.of(trainer, pad if pad is not None else 0)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=grpo.lr, weight_decay=0.0)
-        self.step = 0
+        self.rank, self.world, self.grpo, self.cfg = rank, world, grpo, trainer
+        self.checkpoint = load_checkpoint(Path(checkpoint) if checkpoint else None)
+        self.trainer: RankTrainer | None = None  # made once the group exists: fsdp shards over it
+        self.weights: WeightService | None = None
 
     def rendezvous_address(self) -> str:
         """Rank 0's address for the process group: this node's IP and a free port."""
@@ -73,30 +79,22 @@ class TrainerRank:
         return f"tcp://{ip}:{port}"
 
     def join(self, init_method: str) -> int:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world)
+        join_group(init_method, self.rank, self.world, self.cfg.collective_timeout_s, rank_device(self.cfg))
+        pad = self.checkpoint.tokenizer.pad_token_id
+        model = self.checkpoint.model
+        del self.checkpoint  # the rank keeps only what its strategy holds
+        pad_id = pad if pad is not None else 0
+        self.trainer = RankTrainer(self.rank, self.world, model, pad_id, self.grpo, self.cfg)
         return self.rank
 
-    def _reduce(self, model: torch.nn.Module) -> None:
-        if self.world > 1:
-            for p in model.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+    def _trainer(self) -> RankTrainer:
+        assert self.trainer is not None, "join the process group first"
+        return self.trainer
 
     def update(self, items: Sequence[TrainItem], token_count: float) -> tuple[LossStats, float, float]:
         """One GRPO step on this rank's shard; returns its stats and the span (start, end)."""
         start = time.monotonic()
-        set_warmup_lr(self.optimizer, self.cfg, self.step)
-        stats = grpo_update(
-            self.policy,
-            self.optimizer,
-            items,
-            self.cfg,
-            options=self.train_options,
-            token_count=token_count,
-            reduce_grads=self._reduce,
-        )
-        self.step += 1
+        stats = self._trainer().step(items, token_count)
         return stats, start, time.monotonic()
 
     def serve_weights(self, cfg: WeightsConfig) -> str:
@@ -110,20 +108,68 @@ class TrainerRank:
         )
         return self.weights.address
 
-    def publish(self, version: int) -> PublishedVersion:
-        blob = to_bf16_bytes(self.policy)
+    def publish(self, version: int) -> PublishedVersion | None:
+        """Gather the weights (every rank, under fsdp); rank 0 hands them to its weight service."""
+        state = self._trainer().published()
+        if state is None:
+            return None
+        blob = state_bytes(state)
+        del state
+        assert self.weights is not None, "rank 0 serves the weights"
         manifest = self.weights.publish(version, blob)
-        assert manifest.sha256 == checksum(blob)
         return PublishedVersion(version, manifest.sha256, len(blob), self.weights.address)
 
     def weights_checksum(self) -> str:
-        return checksum(to_bf16_bytes(self.policy))
+        """The SHA-256 of the BF16 weights this rank holds (gathered first under fsdp)."""
+        state = self._trainer().published(everywhere=True)
+        assert state is not None
+        return checksum(state_bytes(state))
+
+    def held(self) -> HeldBytes:
+        return self._trainer().held()
 
     def shutdown(self) -> None:
-        if getattr(self, "weights", None) is not None:
+        if self.weights is not None:
             self.weights.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _why(rank: int, err: ray.exceptions.RayTaskError) -> str:
+    cause = err.cause
+    if isinstance(cause, CollectiveFault):
+        return str(cause)
+    first = str(cause).splitlines()[0][:300] if str(cause) else ""
+    return f"rank {rank} raised {type(cause).__name__}: {first}"
+
+
+def answers(refs: Sequence[ray.ObjectRef], step: str) -> list[Any]:
+    """Every rank's answer in rank order, or a `TrainingFault` naming the ranks that died, faulted, or
+    had not answered `FAULT_GRACE_S` after the first failure."""
+    pending = {ref: rank for rank, ref in enumerate(refs)}
+    results: dict[int, Any] = {}
+    dead: list[int] = []
+    faults: list[str] = []
+    deadline: float | None = None
+    while pending:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+        if not done:
+            break
+        rank = pending.pop(done[0])
+        try:
+            results[rank] = ray.get(done[0])
+            continue
+        except ray.exceptions.RayActorError:
+            dead.append(rank)
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, UserError):
+                raise err.cause from None  # bad input found by a rank (its memory, its checkpoint)
+            faults.append(_why(rank, err))
+        deadline = deadline or time.monotonic() + FAULT_GRACE_S
+    if dead or faults or pending:
+        raise TrainingFault(step, tuple(sorted(dead)), tuple(sorted(pending.values())), tuple(faults))
+    return [results[i] for i in range(len(refs))]
 
 
 def _missing_resources(bundles: list[dict[str, float]]) -> str:
@@ -173,18 +219,24 @@ class TrainingGroup:
         self.ranks = [
             TrainerRank.options(
                 **actor_options(rank_bundle(cfg)),
+                runtime_env={"env_vars": RANK_ENV},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
             ).remote(i, cfg.ranks, checkpoint, grpo, cfg, seed)
             for i in range(cfg.ranks)
         ]
         address = ray.get(self.ranks[0].rendezvous_address.remote())
-        ray.get([r.join.remote(address) for r in self.ranks])
+        answers([r.join.remote(address) for r in self.ranks], "start")
         self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
+
+    @property
+    def sharded(self) -> bool:
+        return self.cfg.strategy is TrainStrategy.FSDP
 
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
         tokens = float(sum(len(i.token_ids) for i in items))
         shards = [list(items[i :: len(self.ranks)]) for i in range(len(self.ranks))]
-        results = ray.get([r.update.remote(s, tokens) for r, s in zip(self.ranks, shards, strict=True)])
+        refs = [r.update.remote(s, tokens) for r, s in zip(self.ranks, shards, strict=True)]
+        results = answers(refs, "update")
         parts = [r[0] for r in results]  # each rank's figures are its shares of the one token-level mean
         stats = LossStats(
             loss=sum(p.loss for p in parts),
@@ -195,9 +247,20 @@ class TrainingGroup:
         return stats, min(r[1] for r in results), max(r[2] for r in results)
 
     def publish(self, version: int) -> PublishedVersion:
-        """Rank 0's new version, held by its weight service; its description."""
-        published: PublishedVersion = ray.get(self.ranks[0].publish.remote(version))
+        """Rank 0's new version, held by its weight service; its description. Under fsdp every rank
+        joins the gathers."""
+        ranks = self.ranks if self.sharded else self.ranks[:1]
+        published: PublishedVersion = answers([r.publish.remote(version) for r in ranks], "publish")[0]
         return published
+
+    def checksums(self) -> list[str]:
+        """Each rank's SHA-256 of the weights it holds (all equal, or the ranks have diverged)."""
+        sums: list[str] = answers([r.weights_checksum.remote() for r in self.ranks], "checksum")
+        return sums
+
+    def held(self) -> list[HeldBytes]:
+        """What each rank holds for training, by tensor."""
+        return [ray.get(r.held.remote()) for r in self.ranks]
 
     def shutdown(self) -> None:
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # it is going anyway

@@ -140,21 +140,24 @@ def calc_deferral(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _per_receiver(text: str, flag: str, receivers: int, positive: bool = True) -> list[float]:
+    rates = parse_list(text, flag)
+    if len(rates) == 1:
+        rates = rates * receivers
+    if len(rates) != receivers or min(rates) < 0 or (positive and min(rates) == 0):
+        kind = "positive" if positive else "non-negative"
+        raise ValueError(f"--{flag} needs one {kind} rate, or one per receiver ({receivers}); got {text!r}")
+    return rates
+
+
 def calc_transfer(args: argparse.Namespace) -> dict[str, Any]:
     if args.bytes < 0 or args.receivers < 1 or args.egress_gbps <= 0:
         raise ValueError("--bytes must be non-negative, --receivers at least 1, --egress-gbps positive")
-    ingress = parse_list(args.receiver_gbps, "receiver-gbps")
-    if len(ingress) == 1:
-        ingress = ingress * args.receivers
-    if len(ingress) != args.receivers or min(ingress) <= 0:
-        raise ValueError(
-            f"--receiver-gbps needs one positive rate, or one per receiver ({args.receivers}); "
-            f"got {len(ingress)}"
-        )
+    ingress = _per_receiver(args.receiver_gbps, "receiver-gbps", args.receivers)
     egress, rates = args.egress_gbps * 1e9, [g * 1e9 for g in ingress]
     flows = [bandwidth.Flow(f"receiver-{i}", args.bytes, r) for i, r in enumerate(rates)]
     finish = bandwidth.finish_times(flows, egress)
-    return {
+    out: dict[str, Any] = {
         "inputs": {
             "bytes": args.bytes,
             "receivers": args.receivers,
@@ -168,6 +171,36 @@ def calc_transfer(args: argparse.Namespace) -> dict[str, Any]:
         "shared_link_bytes": args.bytes * args.receivers,
         "formula": "max-min fair shares of the egress (progressive filling); "
         "T_all >= max(max_i S/r_i, N*S/E)",
+    }
+    if getattr(args, "relay", False):
+        out |= _relayed(args, rates, egress)
+    return out
+
+
+def _relayed(args: argparse.Namespace, rates: list[float], egress: float) -> dict[str, Any]:
+    """The same transfer with receivers relaying: the fastest forest of pipelined chains, against the
+    peer-to-peer bound."""
+    upload_text = args.upload_gbps if args.upload_gbps is not None else args.receiver_gbps
+    uploads = _per_receiver(upload_text, "upload-gbps", args.receivers, positive=False)
+    if max(uploads) == 0 and args.receivers > 1:
+        raise ValueError(
+            "--relay with every upload cap at 0: no receiver can pass anything on; give --upload-gbps "
+            "a positive rate, or drop --relay"
+        )
+    ups = [u * 1e9 for u in uploads]
+    plan = bandwidth.relay_plan(args.bytes, args.chunk_kb * 1024, rates, egress, ups)
+    bound = bandwidth.p2p_bound(args.bytes, rates, egress, ups)
+    return {
+        "upload_gbps": uploads,
+        "chunk_kb": args.chunk_kb,
+        "relay_chains": [list(c) for c in plan.chains],
+        "relay_finish_s": list(plan.finish_s),
+        "relay_all_s": plan.all_s,
+        "p2p_bound_s": bound,
+        "relay_efficiency": bound / plan.all_s if plan.all_s > 0 else 1.0,
+        "formula": "max-min fair shares of the egress (progressive filling); T_all >= max(max_i S/r_i, "
+        "N*S/E); relayed: chains of store-and-forward chunks, T_all >= max(S/E, max_i S/r_i, "
+        "N*S/(E + sum_i u_i)) (Kumar and Ross 2006)",
     }
 
 
@@ -294,6 +327,15 @@ def add_parsers(sub: Any) -> None:
         required=True,
         metavar="R",
         help="each receiver's link, Gbit/s: one, or one per receiver",
+    )
+    t.add_argument("--relay", action="store_true", help="receivers pass on what they hold (pipelined chains)")
+    t.add_argument(
+        "--upload-gbps",
+        metavar="U",
+        help="with --relay: each receiver's upload cap, Gbit/s: one, or one per receiver (default: R)",
+    )
+    t.add_argument(
+        "--chunk-kb", type=int, default=4096, metavar="KB", help="with --relay: bytes a hop forwards at once"
     )
     w = sub.add_parser("window", help="a transient instance's usable seconds (and tokens) in its window")
     w.add_argument("--available", required=True, metavar="L", help="seconds available: one, or a list")

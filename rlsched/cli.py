@@ -40,7 +40,7 @@ from rlsched.cli_commands import (
     cmd_template_render,
     err_console,
 )
-from rlsched.errors import UserError
+from rlsched.errors import TrainingFault, UserError
 
 # -- parser -----------------------------------------------------------------------------------------
 
@@ -294,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
         return 2
+    except TrainingFault as err:  # a rank died or hung: the run stops, and says which
+        err_console.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130

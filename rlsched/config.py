@@ -223,8 +223,27 @@ class Precision(StrEnum):
     BF16 = "bf16"  # BF16 autocast over fp32 master weights (AMX on CPUs that have it, GPUs)
 
 
+class TrainStrategy(StrEnum):
+    """How the ranks hold the policy (`rlsched.rl.sharding`)."""
+
+    REPLICATE = "replicate"  # a full replica per rank, gradients all-reduced
+    FSDP = "fsdp"  # FSDP2: parameters, gradients and optimizer state sharded across the ranks
+
+
 class TrainerConfig(Section):
     ranks: int = Field(2, ge=1, description="training ranks, reserved together in one placement group")
+    strategy: TrainStrategy = Field(
+        TrainStrategy.REPLICATE,
+        description="replicate (a full copy per rank) or fsdp (FSDP2 shards per decoder layer)",
+    )
+    offload: bool = Field(
+        False, description="fsdp only: keep the shards and optimizer state in host memory (GPU ranks)"
+    )
+    collective_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="a collective that waits longer than this for a peer fails the step, naming the rank",
+    )
     precision: Precision = Field(Precision.FP32, description="fp32, or bf16 autocast with fp32 masters")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
     micro_batch_tokens: int = Field(
@@ -242,6 +261,19 @@ class TrainerConfig(Section):
         default_factory=dict,
         description="more resources each rank's bundle reserves, e.g. a device type {H100: 1}",
     )
+
+    @model_validator(mode="after")
+    def _offload_needs_shards(self) -> TrainerConfig:
+        if self.offload and self.strategy is not TrainStrategy.FSDP:
+            raise ValueError(
+                "offload moves FSDP shards to host memory; set trainer.strategy=fsdp, or drop trainer.offload"
+            )
+        if self.offload and self.gpus_per_rank == 0:
+            raise ValueError(
+                "offload moves a GPU rank's shards to host memory, and these ranks have no GPU "
+                "(trainer.gpus_per_rank=0): their shards are in host memory already; drop trainer.offload"
+            )
+        return self
 
 
 class TransientInstance(Section):

@@ -120,7 +120,8 @@ def update_times(sizes: list[tuple[int, int]], repeats: int, seed: int) -> list[
             model = LlamaForCausalLM(cfg)
             blob = to_bf16_bytes(model)
             path = write_checkpoint(BASE_CHECKPOINT, blob, Path(tmp) / f"h{hidden}")
-            (path / "config.json").write_text(json.dumps({**cfg.to_dict(), "dtype": "bfloat16"}))
+            written = {**cfg.to_dict(), "architectures": ["LlamaForCausalLM"], "dtype": "bfloat16"}
+            (path / "config.json").write_text(json.dumps(written))
             print(
                 f"update: hidden {hidden}, {layers} layers, {len(blob) / 1e6:.1f} MB: starting vLLM",
                 flush=True,

@@ -295,8 +295,12 @@ def published_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def to_bf16_bytes(model: torch.nn.Module) -> bytes:
     """The model's weights as BF16 safetensors bytes (what is written to disk and published)."""
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in published_state(model).items()}
-    return save(state, metadata={"format": "pt"})
+    return state_bytes({k: v.detach().to(torch.bfloat16) for k, v in published_state(model).items()})
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    """Tensors by name as safetensors bytes, in the dtype they have."""
+    return save({k: v.contiguous() for k, v in state.items()}, metadata={"format": "pt"})
 
 
 def checksum(blob: bytes) -> str:

@@ -90,3 +90,115 @@ def all_receivers_bound(nbytes: float, ingress_bps: Sequence[float], egress_bps:
     if not ingress_bps:
         return 0.0
     return max(max(8.0 * nbytes / r for r in ingress_bps), len(ingress_bps) * 8.0 * nbytes / egress_bps)
+
+
+# -- relays: receivers that pass on what they hold ---------------------------------------------------
+
+
+def p2p_bound(
+    nbytes: float, ingress_bps: Sequence[float], egress_bps: float, upload_bps: Sequence[float]
+) -> float:
+    """No schedule delivers `nbytes` to every receiver sooner when receivers may relay (Kumar and
+    Ross, 2006): `max(S/E, max_i S/r_i, N*S/(E + sum_i u_i))`. The sender must send every byte once,
+    each receiver must take every byte in, and N copies must leave someone's upload."""
+    if not ingress_bps:
+        return 0.0
+    if len(upload_bps) != len(ingress_bps):
+        raise ValueError("one upload rate per receiver")
+    bits = 8.0 * nbytes
+    return max(
+        bits / egress_bps,
+        max(bits / r for r in ingress_bps),
+        len(ingress_bps) * bits / (egress_bps + sum(upload_bps)),
+    )
+
+
+@dataclass(frozen=True)
+class RelayPlan:
+    """Receivers (by index) in pipelined chains: each chain's head pulls from the sender, every other
+    member from the one before it, chunk by chunk as each is verified."""
+
+    chains: tuple[tuple[int, ...], ...]
+    finish_s: tuple[float, ...]  # per receiver, by index: when its last chunk arrives
+
+    @property
+    def all_s(self) -> float:
+        return max(self.finish_s, default=0.0)
+
+    def source(self, receiver: int) -> int | None:
+        """Whom `receiver` pulls from: the receiver before it in its chain, or None (the sender)."""
+        for chain in self.chains:
+            if receiver in chain:
+                k = chain.index(receiver)
+                return chain[k - 1] if k else None
+        raise KeyError(receiver)
+
+
+def chain_finish_s(
+    nbytes: float,
+    chunk_bytes: float,
+    head_bps: float,
+    ingress_bps: Sequence[float],
+    upload_bps: Sequence[float],
+) -> list[float]:
+    """When each member of one chain has its last chunk: a tandem of store-and-forward hops. Chunk j
+    reaches member k at `max(it reached k-1, chunk j-1 reached k) + c_j / rate_k`, where the head's
+    rate is `min(head_bps, r_0)` and member k's is `min(u_{k-1}, r_k)`."""
+    sizes = _chunk_sizes(nbytes, chunk_bytes)
+    arrived = [0.0] * len(sizes)  # when each chunk reached the previous member (the sender: at once)
+    out = []
+    for k, r in enumerate(ingress_bps):
+        rate = min(head_bps if k == 0 else upload_bps[k - 1], r)
+        if rate <= 0:
+            raise ValueError("every hop of a chain needs a positive rate")
+        t = 0.0
+        for j, c in enumerate(sizes):
+            t = max(arrived[j], t) + 8.0 * c / rate
+            arrived[j] = t
+        out.append(t)
+    return out
+
+
+def _chunk_sizes(nbytes: float, chunk_bytes: float) -> list[float]:
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunks must have a positive size, got {chunk_bytes}")
+    whole, rest = divmod(nbytes, chunk_bytes)
+    return [chunk_bytes] * int(whole) + ([rest] if rest > 0 else [])
+
+
+def relay_plan(
+    nbytes: float,
+    chunk_bytes: float,
+    ingress_bps: Sequence[float],
+    egress_bps: float,
+    upload_bps: Sequence[float],
+) -> RelayPlan:
+    """The fastest forest of k pipelined chains (k = 1 .. N; k = N is the sender alone): receivers
+    by upload, largest first, dealt round-robin into the chains, so the weakest uploaders end them;
+    the heads share the egress max-min fairly. A chain of one pulls straight from the sender."""
+    n = len(ingress_bps)
+    if len(upload_bps) != n:
+        raise ValueError("one upload rate per receiver")
+    if egress_bps <= 0 or any(r <= 0 for r in ingress_bps) or any(u < 0 for u in upload_bps):
+        raise ValueError("the egress and every ingress must be positive, uploads non-negative")
+    if n == 0:
+        return RelayPlan((), ())
+    order = sorted(range(n), key=lambda i: (-upload_bps[i], i))
+    best: RelayPlan | None = None
+    for k in range(1, n + 1):
+        chains = [tuple(order[c::k]) for c in range(k)]
+        if any(upload_bps[i] <= 0 for chain in chains for i in chain[:-1]):
+            continue  # a receiver that cannot upload can only end a chain
+        heads = max_min_rates([ingress_bps[c[0]] for c in chains], egress_bps)
+        finish = [0.0] * n
+        for chain, head in zip(chains, heads, strict=True):
+            times = chain_finish_s(
+                nbytes, chunk_bytes, head, [ingress_bps[i] for i in chain], [upload_bps[i] for i in chain]
+            )
+            for i, t in zip(chain, times, strict=True):
+                finish[i] = t
+        plan = RelayPlan(tuple(chains), tuple(finish))
+        if best is None or plan.all_s < best.all_s * (1 - _REL):
+            best = plan
+    assert best is not None  # k = N (every receiver alone) is always allowed
+    return best

@@ -29,6 +29,17 @@ class PackedBatch:
     loss_mask: torch.Tensor  # [B, T] float, 1 where targets is a completion token
     completion_slices: tuple[slice, ...]  # per row: positions whose targets are the completion
 
+    def to(self, device: torch.device) -> PackedBatch:
+        if device.type == "cpu":
+            return self
+        return PackedBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.targets.to(device),
+            self.loss_mask.to(device),
+            self.completion_slices,
+        )
+
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum())

@@ -15,7 +15,7 @@ gradient checkpointing trade precision and recomputation for speed and memory.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 from rlsched.config import GRPOConfig, Precision, TrainerConfig
 from rlsched.rl.batching import PackedBatch, micro_batches, pack, sequence_logprobs
 from rlsched.rl.grpo import LossStats, grpo_loss
+from rlsched.rl.sharding import idle_pass
 
 
 def set_warmup_lr(optimizer: torch.optim.Optimizer, cfg: GRPOConfig, step: int) -> float:
@@ -44,15 +45,24 @@ class TrainItem:
     advantage: float
 
 
+CPU = torch.device("cpu")
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     pad_id: int = 0
     micro_batch_tokens: int = 16384
     precision: Precision = Precision.FP32
+    device: torch.device = CPU
 
     @classmethod
-    def of(cls, cfg: TrainerConfig, pad_id: int) -> TrainOptions:
-        return cls(pad_id=pad_id, micro_batch_tokens=cfg.micro_batch_tokens, precision=cfg.precision)
+    def of(cls, cfg: TrainerConfig, pad_id: int, device: torch.device | None = None) -> TrainOptions:
+        return cls(
+            pad_id=pad_id,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            precision=cfg.precision,
+            device=device or CPU,
+        )
 
 
 def prepare_policy(model: Any, cfg: TrainerConfig) -> Any:
@@ -63,18 +73,20 @@ def prepare_policy(model: Any, cfg: TrainerConfig) -> Any:
     return model.train()
 
 
-def _autocast(precision: Precision) -> contextlib.AbstractContextManager[Any]:
-    if precision is Precision.BF16:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+def _autocast(opts: TrainOptions) -> contextlib.AbstractContextManager[Any]:
+    if opts.precision is Precision.BF16:
+        return torch.autocast(device_type=opts.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> Iterator[tuple[list[TrainItem], PackedBatch]]:
+def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> list[tuple[list[TrainItem], PackedBatch]]:
     lengths = [len(i.prompt_ids) + len(i.token_ids) for i in items]
+    out = []
     for group in micro_batches(lengths, opts.micro_batch_tokens):
         chosen = [items[i] for i in group]
-        yield chosen, pack([i.prompt_ids for i in chosen], [i.token_ids for i in chosen], opts.pad_id)
+        batch = pack([i.prompt_ids for i in chosen], [i.token_ids for i in chosen], opts.pad_id)
+        out.append((chosen, batch.to(opts.device)))
+    return out
 
 
 def _old_logprobs(items: Sequence[TrainItem], batch: PackedBatch) -> torch.Tensor:
@@ -94,7 +106,7 @@ def _micro_step(
     token_count: float,
 ) -> LossStats:
     ref = None
-    with _autocast(opts.precision):
+    with _autocast(opts):
         if reference is not None and cfg.kl_coef > 0:
             with torch.no_grad():
                 ref = sequence_logprobs(reference, batch)
@@ -102,7 +114,7 @@ def _micro_step(
     loss, stats = grpo_loss(
         new,
         _old_logprobs(items, batch),
-        torch.tensor([i.advantage for i in items]),
+        torch.tensor([i.advantage for i in items], device=opts.device),
         batch.loss_mask,
         clip_low=cfg.clip_low,
         clip_high=cfg.clip_high,
@@ -131,15 +143,24 @@ def grpo_update(
     reference: Any | None = None,
     token_count: float | None = None,
     reduce_grads: Callable[[Any], None] | None = None,
+    agree_passes: Callable[[int], int] | None = None,
 ) -> LossStats:
+    """One optimizer step on `items`. Data-parallel ranks pass `token_count` (the whole batch's),
+    `reduce_grads` (replicate: sum the gradients) or `agree_passes` (fsdp: the micro-batch count all
+    ranks make, given this rank's; the passes it lacks are idle ones)."""
     opts = options or TrainOptions()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     total = token_count if token_count is not None else float(sum(len(i.token_ids) for i in items))
     stats = LossStats(0.0, 0.0, 0.0, 0.0)  # this shard's shares; summed over ranks by the caller
-    for chunk, batch in _chunks(items, opts):
+    chunks = _chunks(items, opts)
+    passes = agree_passes(len(chunks)) if agree_passes is not None else len(chunks)
+    for chunk, batch in chunks:
         stats = _add(stats, _micro_step(policy, reference, chunk, batch, cfg, opts, total))
-    if not items:  # a rank with an empty shard still takes part in the all-reduce
+    for _ in range(passes - len(chunks)):
+        with _autocast(opts):
+            idle_pass(policy, opts.pad_id, opts.device)
+    if passes == 0:  # a rank with an empty shard still takes part in the all-reduce
         for p in policy.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rlsched.config import JobConfig, load_config
+from rlsched.config import JobConfig, TrainerConfig, load_config
 from rlsched.errors import UserError
 from rlsched.model.template import load_template
+from rlsched.rl.sharding import refuse_if_it_does_not_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
@@ -171,3 +172,27 @@ def test_the_quickstart_config_sets_only_what_differs_from_the_code_defaults() -
     defaults = load_config(None).model_dump(mode="json")
     restated = [f"{s}.{k}" for s, keys in tree.items() for k, v in keys.items() if defaults[s][k] == v]
     assert restated == [], f"configs/jobs/quickstart.yaml restates code defaults: {restated}"
+
+
+def test_trainer_offload_is_refused_where_it_means_nothing() -> None:
+    with pytest.raises(ValueError, match=r"set trainer\.strategy=fsdp"):
+        TrainerConfig(offload=True, gpus_per_rank=1)
+    with pytest.raises(ValueError, match="have no GPU"):
+        TrainerConfig(strategy="fsdp", offload=True)
+    assert TrainerConfig(strategy="fsdp", offload=True, gpus_per_rank=1).offload
+
+
+def test_a_training_state_that_does_not_fit_is_refused_with_the_numbers() -> None:
+    params, gib = 1_000_000_000, 1 << 30  # 16 GB of state for a replica, 8 GB a rank under fsdp at N=2
+    replica = TrainerConfig(ranks=2, placement_strategy="PACK")
+    with pytest.raises(
+        UserError, match=r"1000.0M parameters x 16 bytes \(a full replica\) = 14.90 GiB per rank"
+    ):
+        refuse_if_it_does_not_fit(params, replica, 12 * gib, "the GPU (H200)")
+    sharded = TrainerConfig(ranks=2, strategy="fsdp", placement_strategy="PACK")
+    refuse_if_it_does_not_fit(params, sharded, 12 * gib, "the GPU (H200)")  # 7.45 GiB fits
+    packed = TrainerConfig(ranks=2, strategy="fsdp")  # STRICT_PACK: both ranks in one host's memory
+    with pytest.raises(
+        UserError, match=r"7.45 GiB per rank x 2 ranks on one node, but host memory has 12.00"
+    ):
+        refuse_if_it_does_not_fit(params, packed, 12 * gib, "host memory")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsched.engine.vllm import check_checkpoint, require_vllm
+from rlsched.engine.vllm import SHARED_MEMORY, check_checkpoint, require_vllm, shared_file
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import BASE_CHECKPOINT
 
@@ -30,3 +30,14 @@ def test_a_head_dimension_below_32_is_refused_at_load(tmp_path: Path) -> None:
 def test_without_vllm_the_error_says_how_to_install_it() -> None:
     with pytest.raises(UserError, match=r"pip install -e \.\[vllm\].*make setup-vllm"):
         require_vllm()
+
+
+def test_weights_reach_the_workers_through_a_shared_memory_file_that_is_removed_after() -> None:
+    blob = bytes(range(256)) * 1000
+    with shared_file(blob) as path:
+        assert path.read_bytes() == blob
+        assert path.parent == SHARED_MEMORY or not SHARED_MEMORY.is_dir()
+    assert not path.exists()
+    with pytest.raises(RuntimeError), shared_file(blob) as failed:  # a failed load leaves nothing behind
+        raise RuntimeError("the workers refused it")
+    assert not failed.exists()

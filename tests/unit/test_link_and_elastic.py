@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlsched.calc import run
-from rlsched.policy.bandwidth import Flow, all_receivers_bound, finish_times, max_min_rates
+from rlsched.policy.bandwidth import (
+    Flow,
+    all_receivers_bound,
+    chain_finish_s,
+    finish_times,
+    max_min_rates,
+    p2p_bound,
+    relay_plan,
+)
 
 QWEN3_8B_BF16 = 16_381_470_720  # bytes (SPEC section 2)
 
@@ -113,3 +121,74 @@ def test_bad_calc_input_names_the_flag() -> None:
         transfer(0, 200, "50")
     with pytest.raises(UserError, match="base cost must be positive"):
         calc("breakeven", base_cost=0.0, added_cost="5", throughput="1.2")
+
+
+# -- relays ------------------------------------------------------------------------------------------
+
+SMOLLM2_BF16 = 269_060_552  # bytes of SmolLM2-135M's BF16 safetensors
+HALF_GBIT = 0.5e9
+
+
+def test_a_chain_pipelines_chunks_one_hop_behind_each_other() -> None:
+    # 4 chunks of 1 Gbit over 1 Gbit/s hops: the head takes 4 s, every member after it one chunk more
+    assert chain_finish_s(4 * 1e9 / 8, 1e9 / 8, 1e9, [1e9] * 3, [1e9] * 3) == pytest.approx([4, 5, 6])
+    # member 1 uploads at 0.5 Gbit/s: its hop to member 2 takes 2 s a chunk
+    assert chain_finish_s(2 * 1e9 / 8, 1e9 / 8, 1e9, [1e9] * 3, [1e9, 0.5e9, 1e9]) == pytest.approx([2, 3, 6])
+
+
+def test_the_peer_to_peer_bound_is_kumar_and_rosss() -> None:
+    s = 1e9 / 8  # 1 Gbit
+    assert p2p_bound(s, [1e9] * 4, 1e9, [1e9] * 4) == pytest.approx(1.0)  # S/E: uploads are plenty
+    assert p2p_bound(s, [1e9] * 4, 1e9, [0.0] * 4) == pytest.approx(4.0)  # N*S/E: nobody relays
+    assert p2p_bound(s, [1e9] * 4, 1e9, [1e9, 0, 0, 0]) == pytest.approx(2.0)  # N*S/(E + sum u)
+    assert p2p_bound(s, [0.25e9, 1e9], 1e9, [1e9] * 2) == pytest.approx(4.0)  # the slow ingress
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_relays_bring_the_egress_bound_fan_out_near_one_sender_time(n: int) -> None:
+    """E = r = u = 0.5 Gbit/s (the issue's setting): the sender alone needs N x S/E, one chain about S/E."""
+    plan = relay_plan(SMOLLM2_BF16, 4 << 20, [HALF_GBIT] * n, HALF_GBIT, [HALF_GBIT] * n)
+    bound = p2p_bound(SMOLLM2_BF16, [HALF_GBIT] * n, HALF_GBIT, [HALF_GBIT] * n)
+    assert plan.chains == (tuple(range(n)),)
+    assert bound == pytest.approx(8 * SMOLLM2_BF16 / HALF_GBIT)
+    assert bound / plan.all_s >= 0.90
+    assert plan.source(0) is None and all(plan.source(i) == i - 1 for i in range(1, n))
+
+
+def test_without_uploads_the_plan_is_the_sender_alone() -> None:
+    plan = relay_plan(QWEN3_8B_BF16, 64 << 20, [50e9] * 6, 200e9, [0.0] * 6)
+    assert plan.chains == tuple((i,) for i in range(6))
+    assert plan.all_s == pytest.approx(all_receivers_bound(QWEN3_8B_BF16, [50e9] * 6, 200e9))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.lists(st.floats(1e8, 1e10), min_size=6, max_size=6),
+    st.lists(st.floats(0, 1e10), min_size=6, max_size=6),
+    st.floats(1e8, 4e10),
+    st.integers(1, 64),
+)
+def test_no_relay_plan_beats_the_peer_to_peer_bound_nor_loses_to_the_sender_alone(
+    n: int, ingress: list[float], upload: list[float], egress: float, chunks: int
+) -> None:
+    size = 1e8
+    plan = relay_plan(size, size / chunks, ingress[:n], egress, upload[:n])
+    assert plan.all_s >= p2p_bound(size, ingress[:n], egress, upload[:n]) * (1 - 1e-9)
+    alone = finish_times([Flow(str(i), size, r) for i, r in enumerate(ingress[:n])], egress)
+    assert plan.all_s <= max(alone.values()) * (1 + 1e-9)
+    assert sorted(i for chain in plan.chains for i in chain) == list(range(n))
+
+
+def test_calc_transfer_with_relays_and_its_bad_input() -> None:
+    from rlsched.errors import UserError
+
+    args = {"bytes": float(SMOLLM2_BF16), "receivers": 8, "egress_gbps": 0.5, "receiver_gbps": "0.5"}
+    out = calc("transfer", **args, relay=True, upload_gbps=None, chunk_kb=4096)
+    assert out["all_s"] == pytest.approx(8 * 8 * SMOLLM2_BF16 / HALF_GBIT)  # the sender alone: N*S/E
+    assert out["relay_all_s"] == pytest.approx(4.775, abs=0.001)
+    assert out["relay_efficiency"] == pytest.approx(0.9016, abs=0.0005)
+    with pytest.raises(UserError, match="every upload cap at 0: no receiver can pass anything on"):
+        calc("transfer", **args, relay=True, upload_gbps="0", chunk_kb=4096)
+    with pytest.raises(UserError, match="--upload-gbps needs one non-negative rate, or one per receiver"):
+        calc("transfer", **args, relay=True, upload_gbps="1,2", chunk_kb=4096)

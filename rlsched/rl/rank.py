@@ -1,0 +1,97 @@
+"""One training rank, whatever drives it: a Ray actor of the training group (`actors.trainer`) or a
+benchmark's process (`scripts/bench_fsdp.py`).
+
+A rank holds the policy as its strategy says (`rlsched.rl.sharding`), its AdamW optimizer (over
+its shards under fsdp) and its step count. `step` runs one GRPO update on its shard of the batch,
+keeping in step with its peers: replicate sums gradients once, fsdp agrees on the number of passes.
+`published` gathers the new weights, tensor by tensor, as BF16; only rank 0 keeps them, but every
+rank must call it, since each gather is a collective. Collective errors come out as
+`CollectiveFault`s that name the rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlsched.config import GRPOConfig, TrainerConfig, TrainStrategy
+from rlsched.rl.grpo import LossStats
+from rlsched.rl.sharding import (
+    HeldBytes,
+    agreed_passes,
+    all_reduce_grads,
+    collective_fault,
+    full_state,
+    held_bytes,
+    host_available_bytes,
+    rank_device,
+    refuse_if_it_does_not_fit,
+    shard,
+)
+from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
+
+
+def _available(device: torch.device, cfg: TrainerConfig) -> tuple[int | None, str]:
+    """Where a rank's training state lives and how much room it has there."""
+    if device.type == "cuda" and not cfg.offload:
+        return torch.cuda.mem_get_info(device)[0], f"the GPU ({torch.cuda.get_device_name(device)})"
+    return host_available_bytes(), "host memory"
+
+
+class RankTrainer:
+    def __init__(
+        self, rank: int, world: int, model: Any, pad_id: int, grpo: GRPOConfig, trainer: TrainerConfig
+    ) -> None:
+        self.rank, self.world, self.grpo, self.cfg = rank, world, grpo, trainer
+        self.device = rank_device(trainer)
+        params = sum(p.numel() for p in model.parameters())
+        refuse_if_it_does_not_fit(params, trainer, *_available(self.device, trainer))
+        policy = prepare_policy(model, trainer).to(self.device)
+        with collective_fault(rank, "sharding the policy"):
+            self.policy = shard(policy, trainer)
+        self.options = TrainOptions.of(trainer, pad_id, self.device)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=grpo.lr, weight_decay=0.0)
+        self.steps = 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.cfg.strategy is TrainStrategy.FSDP
+
+    def step(self, items: Sequence[TrainItem], token_count: float) -> LossStats:
+        """One GRPO step on this rank's shard; its shares of the batch's loss figures."""
+        set_warmup_lr(self.optimizer, self.grpo, self.steps)
+        with collective_fault(self.rank, f"training step {self.steps + 1}"):
+            stats = grpo_update(
+                self.policy,
+                self.optimizer,
+                items,
+                self.grpo,
+                options=self.options,
+                token_count=token_count,
+                reduce_grads=None if self.sharded else all_reduce_grads,
+                agree_passes=(lambda n: agreed_passes(n, self.device)) if self.sharded else None,
+            )
+        self.steps += 1
+        return stats
+
+    def published(self, *, everywhere: bool = False) -> dict[str, torch.Tensor] | None:
+        """The policy's weights as BF16 CPU tensors by HF name on rank 0, or on every rank when asked
+        (None on the others)."""
+        keep = everywhere or self.rank == 0
+        out: dict[str, torch.Tensor] = {}
+        with collective_fault(self.rank, "gathering the weights"):
+            for name, tensor in full_state(self.policy):
+                if keep:
+                    out[name] = tensor.detach().to("cpu", torch.bfloat16).contiguous()
+        return out if keep else None
+
+    def held(self) -> HeldBytes:
+        return held_bytes(self.policy, self.optimizer)
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            with collective_fault(self.rank, "a barrier"):
+                dist.barrier()
