@@ -43,7 +43,8 @@ from rlsched.rl.sharding import RANK_ENV, join_group
 from rlsched.rl.update import TrainItem
 
 
-def _items(rows: int, prompt: int, completion: int, vocab: int, seed: int) -> list[TrainItem]:
+def random_batch(rows: int, prompt: int, completion: int, vocab: int, seed: int) -> list[TrainItem]:
+    """`rows` random sequences with random advantages and old log-probs near a fresh model's."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(rows):
@@ -63,7 +64,7 @@ def _rank(rank: int, world: int, address: str, job: dict[str, Any], queue: Any) 
     grpo = GRPOConfig(lr=job["lr"], warmup_steps=0)
     trainer = RankTrainer(rank, world, ckpt.model, ckpt.tokenizer.pad_token_id or 0, grpo, cfg)
     del ckpt
-    items = _items(job["rows"], job["prompt"], job["completion"], job["vocab"], job["seed"])
+    items = random_batch(job["rows"], job["prompt"], job["completion"], job["vocab"], job["seed"])
     total = float(sum(len(i.token_ids) for i in items))
     losses, times = [], []
     for _ in range(job["steps"]):

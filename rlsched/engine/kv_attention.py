@@ -19,7 +19,7 @@ built by transformers: an implementation it does not know gets none (`masking_ut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,12 +35,19 @@ class SlotCache:
 
     @classmethod
     def allocate(
-        cls, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype
+        cls,
+        layers: int,
+        rows: int,
+        kv_heads: int,
+        slots: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | None = None,
     ) -> SlotCache:
         shape = (rows, kv_heads, slots, head_dim)
         return cls(
-            [torch.zeros(shape, dtype=dtype) for _ in range(layers)],
-            [torch.zeros(shape, dtype=dtype) for _ in range(layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
         )
 
     @property
@@ -70,6 +77,18 @@ class Step:
     ends: torch.Tensor | None = None  # decode: [B] the slot each row's new token goes to
     read: int = 0  # decode: slots to read (max end + 1)
     contiguous: bool = False  # rows are 0..B-1, so the cache is read as a view
+
+    def to(self, device: torch.device) -> Step:
+        """The step with its index and mask tensors on the model's device (built on the CPU)."""
+        if device.type == "cpu":
+            return self
+        return replace(
+            self,
+            rows=self.rows.to(device),
+            mask=self.mask.to(device),
+            window_mask=None if self.window_mask is None else self.window_mask.to(device),
+            ends=None if self.ends is None else self.ends.to(device),
+        )
 
 
 def kv_attention(

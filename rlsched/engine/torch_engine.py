@@ -18,6 +18,11 @@ Resuming: a request's `resume_ids` (output an earlier attempt generated) are pre
 prompt; their log-probabilities are recomputed under the current weights from the prefill logits,
 and generation continues after them, counting them against `max_tokens`. Log-probabilities are the
 raw model's (before temperature, top-k and top-p), as vLLM reports them.
+
+Devices: the engine runs where the model's parameters are (a GPU, if the caller moved it there). The
+cache lives there too; token ids, positions and masks are built on the CPU and moved per forward,
+and the logits come back to the CPU, where sampling runs with the requests' own seeded generators
+(the same draws on either device; a copy of [batch, vocab] floats a step).
 """
 
 from __future__ import annotations
@@ -128,6 +133,7 @@ class TorchRolloutEngine:
         self._vocab = int(model.get_input_embeddings().weight.shape[0])
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._dtype = next(model.parameters()).dtype
+        self._device = next(model.parameters()).device  # inputs go there; logits come back to the CPU
         self._cache: SlotCache | None = None
         self._version = WeightVersion(version)
         self._generator = torch.Generator().manual_seed(seed)
@@ -201,7 +207,7 @@ class TorchRolloutEngine:
         cache = self._cache
         if cache is None or cache.rows < rows or cache.slots < slots or cache.k[0].dtype != self._dtype:
             layers, kv, dim = self._shape
-            cache = SlotCache.allocate(layers, rows, kv, slots, dim, self._dtype)
+            cache = SlotCache.allocate(layers, rows, kv, slots, dim, self._dtype, self._device)
             self._cache = cache
         return cache
 
@@ -284,10 +290,15 @@ class TorchRolloutEngine:
         yield from self._advance(live, cache, last, range(len(live)))
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: Step, keep: int) -> torch.Tensor:
+        dev = self._device
         out = self.model(
-            input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep, rlsched_step=step
+            input_ids=ids.to(dev),
+            position_ids=positions.to(dev),
+            use_cache=False,
+            logits_to_keep=keep,
+            rlsched_step=step.to(dev),
         )
-        return out.logits.float()
+        return out.logits.float().cpu()  # sampling runs on the CPU, with the requests' own generators
 
     def _advance(
         self, live: list[_Row], cache: SlotCache, last: torch.Tensor, which: range
