@@ -18,7 +18,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -55,6 +55,8 @@ class PullStats:
     finished: float  # after the whole checksum was confirmed
     confirmed: bool  # every chunk verified and the whole SHA-256 equal to the manifest's
     data_cpu_s: float  # this process's CPU time from the first stream to the last verified chunk
+    sources: tuple[str, ...] = ()  # the services that delivered verified bytes, in order
+    left: tuple[str, ...] = ()  # relays given up, each with why
 
     @property
     def seconds(self) -> float:
@@ -119,55 +121,112 @@ class WeightClient:
         stall_s: float = 30.0,
         on_progress: Callable[[int], None] | None = None,
         buffer: bytearray | None = None,
+        relays: Sequence[str] = (),
+        on_assembly: Callable[[Assembly], None] | None = None,
     ) -> Pulled:
         """Every byte of `version`, verified; see the module docstring for faults. `buffer`: receive
-        into this one if it has the version's size (reuse the previous version's)."""
+        into this one if it has the version's size (reuse the previous version's). `relays`: peers to
+        pull from first, in order, each until its stream ends; the rest comes from this service
+        (the origin, whose manifest every chunk is checked against). `on_assembly` gets the copy
+        before the first byte arrives (a receiver that relays starts serving it there)."""
         started = time.monotonic()
         manifest = self.manifest(version)
         assembly = Assembly(manifest, buffer)
+        if on_assembly is not None:
+            on_assembly(assembly)
         request = pb.PullRequest(version=manifest.version, receiver=receiver, ingress_bps=ingress_bps)
-        stream = _tcp_stream if plane is Plane.TCP else _grpc_stream
-        streams = broken = corrupt = received = fruitless = 0
+        run = _Run(plane, stall_s, on_progress)
         data_started, cpu = time.monotonic(), time.process_time()
-        while not assembly.complete:
-            if fruitless >= max_fruitless:
-                raise TransferFailed(
-                    f"version {manifest.version} from {self.address}: {fruitless} streams in a row verified "
-                    f"nothing new (at byte {assembly.resume_offset} of {manifest.nbytes}; {broken} broken, "
-                    f"{corrupt} corrupt chunks); is the sender alive?"
-                )
-            before = assembly.verified
-            request.offset = assembly.resume_offset
-            try:
-                end = stream(self._stub, assembly, request, stall_s, on_progress)
-            except grpc.RpcError as err:
-                typed = _typed(err)
-                if isinstance(typed, VersionNotFound):
-                    raise typed from None
-                end = _End(0, broken=True)
-            streams += 1
-            received += end.received
-            broken += end.broken
-            corrupt += end.corrupt
-            fruitless = fruitless + 1 if assembly.verified == before else 0
+        try:
+            for relay in relays:
+                if assembly.complete:
+                    break
+                with WeightClient(relay, self._timeout) as peer:
+                    run.fill(peer._stub, relay, assembly, request, patience=1)
+            if not assembly.complete:
+                run.fill(self._stub, self.address, assembly, request, patience=max_fruitless)
+        except BaseException:
+            assembly.abandon()
+            raise
         data_finished, cpu = time.monotonic(), time.process_time() - cpu
         confirmed = assembly.confirm()
         stats = PullStats(
             manifest.version,
             plane,
             manifest.nbytes,
-            received,
-            streams,
-            broken,
-            corrupt,
+            run.received,
+            run.streams,
+            run.broken,
+            run.corrupt,
             started,
             data_started,
             data_finished,
             time.monotonic(),
             confirmed,
             cpu,
+            tuple(run.sources),
+            tuple(run.left),
         )
         return Pulled(assembly, stats)
+
+
+class _Run:
+    """One pull's streams, from one source after another, and what they did."""
+
+    def __init__(self, plane: Plane, stall_s: float, on_progress: Callable[[int], None] | None) -> None:
+        self.stream = _tcp_stream if plane is Plane.TCP else _grpc_stream
+        self.stall_s, self.on_progress = stall_s, on_progress
+        self.streams = self.broken = self.corrupt = self.received = 0
+        self.sources: list[str] = []  # the sources that delivered verified bytes, in order
+        self.left: list[str] = []  # "relay: why" for each relay given up
+
+    def fill(
+        self,
+        stub: pb_grpc.WeightsStub,
+        source: str,
+        assembly: Assembly,
+        request: pb.PullRequest,
+        patience: int,
+    ) -> None:
+        """Stream from `source` until the copy is complete or `patience` streams in a row verified
+        nothing new; a relay (patience 1) is left at its first stream that ends short, and the
+        origin's failure is a `TransferFailed`."""
+        fruitless = 0
+        while not assembly.complete:
+            if fruitless >= patience:
+                why = (
+                    f"{fruitless} streams in a row verified nothing new (at byte {assembly.resume_offset} of "
+                    f"{assembly.manifest.nbytes}; {self.broken} broken, {self.corrupt} corrupt chunks)"
+                )
+                if patience == 1:
+                    self.left.append(f"{source}: {why}")
+                    return
+                raise TransferFailed(
+                    f"version {assembly.manifest.version} from {source}: {why}; is the sender alive?"
+                )
+            before = assembly.verified
+            request.offset = assembly.resume_offset
+            try:
+                end = self.stream(stub, assembly, request, self.stall_s, self.on_progress)
+            except grpc.RpcError as err:
+                typed = _typed(err)
+                if isinstance(typed, VersionNotFound):
+                    if patience > 1:
+                        raise typed from None
+                    self.left.append(f"{source}: {typed}")  # a relay that lacks the version
+                    return
+                end = _End(0, broken=True)
+            self.streams += 1
+            self.received += end.received
+            self.broken += end.broken
+            self.corrupt += end.corrupt
+            if assembly.verified > before and (not self.sources or self.sources[-1] != source):
+                self.sources.append(source)
+            if patience == 1 and not assembly.complete:  # a relay that broke or sent damage: leave it
+                what = "sent a corrupt chunk" if end.corrupt else "ended its stream early"
+                self.left.append(f"{source}: {what} at byte {assembly.resume_offset}")
+                return
+            fruitless = fruitless + 1 if assembly.verified == before else 0
 
 
 @dataclass(frozen=True)

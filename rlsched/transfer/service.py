@@ -12,6 +12,13 @@ socket on loopback (`docs/benchmarks.md`), limited by the receiver's CPU (every 
 bytes object to copy); the data plane reaches the socket's rate (`scripts/bench_weights.py`
 measures both in one run).
 
+Relays: a receiver may run a service of its own and `relay` the copy it is assembling. It sends
+only the verified prefix, and a stream that catches up with the copy waits for the next chunk (it
+ends if the copy stops growing for `RELAY_WAIT_S`). A version the relay `expect`s is waited for
+rather than refused, so a receiver behind it may ask before the relay's own pull has begun. The
+receivers behind it check every chunk against the origin's manifest, so a relay cannot pass on
+damage unnoticed (`WeightClient.pull`'s `relays`).
+
 The service keeps the latest `keep` versions, so an instance that started pulling version v can
 finish it after v+1 is published (the join protocol decides whether that is admissible).
 `Faults` injects transport damage once (a cut stream, a flipped byte) for the fault tests and the
@@ -20,10 +27,12 @@ benchmark's fault run; it is off unless given.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent import futures
@@ -33,7 +42,7 @@ import grpc
 
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer import weights_pb2_grpc as pb_grpc
-from rlsched.transfer.manifest import DEFAULT_CHUNK_BYTES, LATEST, Manifest, build_manifest
+from rlsched.transfer.manifest import DEFAULT_CHUNK_BYTES, LATEST, Assembly, Manifest, build_manifest
 from rlsched.transfer.shaping import LinkShaper, Pace, SlowReceiver
 
 log = logging.getLogger(__name__)
@@ -44,6 +53,7 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
 ]
 PACE_QUANTUM = 256 << 10  # the data plane books and sends this much at a time
+RELAY_WAIT_S = 30.0  # a relay's stream ends if its own copy does not grow for this long
 TOKEN_BYTES = 16
 
 
@@ -77,9 +87,10 @@ class Faults:
 
 @dataclass(frozen=True)
 class _Held:
-    blob: bytes
+    blob: bytes | bytearray
     manifest: Manifest
     pb: pb.Manifest
+    assembly: Assembly | None = None  # a relayed copy: only its verified prefix may be sent
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,8 @@ class WeightService(pb_grpc.WeightsServicer):
         self.slow_lag_s = slow_lag_s
         self.shaper = LinkShaper(egress_bps, slow_lag_s=slow_lag_s, on_slow=self._on_slow)
         self._versions: OrderedDict[int, _Held] = OrderedDict()
+        self._expected: set[int] = set()  # versions this relay will hold once its pull begins
+        self._arrived = threading.Condition()
         self._tickets: dict[bytes, _Ticket] = {}
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
@@ -132,6 +145,7 @@ class WeightService(pb_grpc.WeightsServicer):
         self._data = socket.create_server((host, 0), backlog=64)
         self.data_port = self._data.getsockname()[1]
         self._closed = threading.Event()
+        self._streams: set[socket.socket] = set()  # data-plane connections being served
         self._server.start()
         threading.Thread(target=self._accept_loop, name="weights-data", daemon=True).start()
 
@@ -147,13 +161,52 @@ class WeightService(pb_grpc.WeightsServicer):
     def publish(self, version: int, blob: bytes) -> Manifest:
         """Hold `blob` as `version` (newer than any held) and drop versions beyond `keep`."""
         manifest = build_manifest(version, blob, self.chunk_bytes)
+        self._hold(_Held(blob, manifest, manifest_to_pb(manifest)))
+        return manifest
+
+    def relay(self, assembly: Assembly) -> None:
+        """Serve a copy that is still arriving (this service is a receiver's relay): its verified
+        prefix at once, the rest as it is verified; a stream that catches up with it waits."""
+        m = assembly.manifest
+        self._hold(_Held(assembly.buffer, m, manifest_to_pb(m), assembly))
+
+    def expect(self, version: int) -> None:
+        """This relay is about to pull `version`: a stream that asks for it before the copy exists
+        waits for it (up to `RELAY_WAIT_S`) instead of being told it is not held."""
+        with self._lock:
+            self._expected.add(version)
+
+    def _hold(self, held: _Held) -> None:
+        version = held.manifest.version
         with self._lock:
             if self._versions and version <= next(reversed(self._versions)):
                 raise ValueError(f"version {version} is not newer than {next(reversed(self._versions))}")
-            self._versions[version] = _Held(blob, manifest, manifest_to_pb(manifest))
+            self._versions[version] = held
+            self._expected.discard(version)
             while len(self._versions) > self.keep:
                 self._versions.popitem(last=False)
-        return manifest
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def _wait_expected(self, version: int) -> None:
+        deadline = time.monotonic() + RELAY_WAIT_S
+        with self._arrived:
+            while True:
+                with self._lock:
+                    if version not in self._expected or version in self._versions:
+                        return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._arrived.wait(left)
+
+    def _ready(self, held: _Held, offset: int, want: int) -> int:
+        """How far past `offset` (up to `want`) may be sent now: all of it for a published version;
+        for a relayed copy its verified prefix, after waiting for at least the next chunk."""
+        if held.assembly is None:
+            return want
+        first = min(offset + held.manifest.chunk_bytes, want)
+        return min(held.assembly.wait_verified(first, RELAY_WAIT_S), want)
 
     @property
     def latest(self) -> int | None:
@@ -161,6 +214,7 @@ class WeightService(pb_grpc.WeightsServicer):
             return next(reversed(self._versions)) if self._versions else None
 
     def _held(self, version: int, context: grpc.ServicerContext) -> _Held:
+        self._wait_expected(version)
         with self._lock:
             if version == LATEST and self._versions:
                 version = next(reversed(self._versions))
@@ -197,7 +251,10 @@ class WeightService(pb_grpc.WeightsServicer):
         try:
             view, size, sent = memoryview(held.blob), held.manifest.chunk_bytes, 0
             for offset in range(request.offset, held.manifest.nbytes, size):
-                data = self.faults.damage(view[offset : offset + size], offset, held.manifest)
+                end = min(offset + size, held.manifest.nbytes)
+                if self._ready(held, offset, end) < end:
+                    return  # a relay whose copy stopped growing: the receiver goes elsewhere
+                data = self.faults.damage(view[offset:end], offset, held.manifest)
                 if cut is not None and sent + len(data) > cut:
                     return  # the stream ends short: the receiver resumes from its last chunk
                 pace.take(len(data))
@@ -224,6 +281,8 @@ class WeightService(pb_grpc.WeightsServicer):
             threading.Thread(target=self._serve_data, args=(conn,), daemon=True).start()
 
     def _serve_data(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._streams.add(conn)
         with conn:
             try:
                 token = _recv_exact(conn, TOKEN_BYTES)
@@ -239,6 +298,9 @@ class WeightService(pb_grpc.WeightsServicer):
                     pace.close()
             except OSError as err:  # the receiver went away: it resumes from its last verified chunk
                 log.info("data plane: stream ended early: %s", err)
+            finally:
+                with self._lock:
+                    self._streams.discard(conn)
 
     def _send_from(self, conn: socket.socket, ticket: _Ticket, pace: Pace) -> None:
         m = ticket.held.manifest
@@ -247,18 +309,29 @@ class WeightService(pb_grpc.WeightsServicer):
         end = m.nbytes if cut is None else min(m.nbytes, ticket.offset + cut)
         # shaped: booked and sent a quantum at a time; unshaped: one sendall, as a raw socket would
         step = PACE_QUANTUM if self.shaper.paced(pace) else max(end - ticket.offset, 1)
-        for offset in range(ticket.offset, end, step):
-            piece = view[offset : min(offset + step, end)]
+        offset = ticket.offset
+        while offset < end:
+            upto = self._ready(ticket.held, offset, min(offset + step, end))
+            if upto <= offset:
+                return  # a relay whose copy stopped growing: closing makes the receiver go elsewhere
+            piece = view[offset:upto]
             pace.take(len(piece))
             conn.sendall(self.faults.damage(piece, offset, m))
+            offset = upto
 
     def _on_slow(self, slow: SlowReceiver) -> None:
         log.warning("%s", slow)
 
     def close(self) -> None:
+        """Stop serving, streams in flight included (their receivers resume elsewhere)."""
         self._closed.set()
         self._data.close()
         self._server.stop(grace=None)
+        with self._lock:
+            streams = list(self._streams)
+        for conn in streams:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -175,3 +177,116 @@ def test_the_committed_stubs_match_the_proto(tmp_path: Path) -> None:
     for name in ("weights_pb2.py", "weights_pb2.pyi", "weights_pb2_grpc.py"):
         fresh = (tmp_path / "rlsched/transfer" / name).read_text()
         assert fresh == (ROOT / "rlsched/transfer" / name).read_text(), f"run `make proto`: {name} is stale"
+
+
+# -- relays ------------------------------------------------------------------------------------------
+
+
+class Relayed:
+    """Receiver A pulls from the origin, slowly, and relays its copy through its own service; B pulls
+    with A as its relay, starting once A has a few chunks."""
+
+    def __init__(self, origin: WeightService, relay_faults: Faults | None = None) -> None:
+        self.origin = origin
+        self.relay = WeightService(chunk_bytes=CHUNK, faults=relay_faults)
+        self.a: Any = None
+        self.started = threading.Event()
+
+    def pull_a(self) -> None:
+        def progress(at: int) -> None:
+            if at >= 4 * CHUNK:
+                self.started.set()
+
+        with WeightClient(self.origin.address) as client:
+            try:
+                self.a = client.pull(1, receiver="a", ingress_bps=120e6, on_progress=progress,
+                                     on_assembly=self.relay.relay)  # fmt: skip
+            except TransferFailed as err:
+                self.a = err
+
+    def pull_b(self, plane: Plane = Plane.TCP, **kw: Any) -> Any:
+        thread = threading.Thread(target=self.pull_a, daemon=True)
+        thread.start()
+        assert self.started.wait(30)
+        with WeightClient(self.origin.address) as client:
+            pulled = client.pull(1, receiver="b", plane=plane, relays=[self.relay.address], **kw)
+        thread.join(60)
+        self.relay.close()
+        return pulled
+
+
+@pytest.mark.parametrize("plane", list(Plane))
+def test_a_receiver_relays_what_it_has_verified_while_the_rest_arrives(
+    service: WeightService, plane: Plane
+) -> None:
+    blob = weights(7)
+    service.publish(1, blob)
+    run = Relayed(service)
+    b = run.pull_b(plane)
+    assert b.blob == blob and b.stats.confirmed and run.a.stats.confirmed
+    assert b.stats.sources == (run.relay.address,) and b.stats.left == ()  # every byte from the relay
+    assert b.stats.data_finished >= run.a.stats.data_finished - 0.05  # it kept pace behind A's copy
+
+
+def test_a_relay_killed_mid_transfer_leaves_its_receiver_to_finish_from_the_origin(
+    service: WeightService,
+) -> None:
+    blob = weights(8)
+    service.publish(1, blob)
+    run = Relayed(service)
+
+    def kill_relay_halfway(at: int) -> None:
+        if at >= len(blob) // 2:
+            run.relay.close()
+
+    b = run.pull_b(on_progress=kill_relay_halfway)
+    assert b.blob == blob and b.stats.confirmed
+    assert b.stats.sources == (run.relay.address, service.address)
+    assert len(b.stats.left) == 1 and "ended its stream early" in b.stats.left[0]
+    assert b.stats.received < 1.3 * len(blob)  # resumed from the last verified chunk, not from zero
+
+
+def test_a_relay_that_sends_a_corrupt_chunk_is_detected_and_left(service: WeightService) -> None:
+    blob = weights(9)
+    service.publish(1, blob)
+    run = Relayed(service, relay_faults=Faults(corrupt_chunk=6))
+    b = run.pull_b()
+    assert b.blob == blob and b.stats.confirmed and b.stats.corrupt == 1
+    assert b.stats.sources == (run.relay.address, service.address)
+    assert "sent a corrupt chunk at byte 1572864" in b.stats.left[0]  # chunk 6 came from the origin
+
+
+def test_a_relay_that_lacks_the_version_is_passed_over(service: WeightService) -> None:
+    blob = weights(10)
+    service.publish(1, blob)
+    empty = WeightService(chunk_bytes=CHUNK)  # advertised as a relay, holds nothing
+    try:
+        with WeightClient(service.address) as client:
+            b = client.pull(1, relays=[empty.address])
+    finally:
+        empty.close()
+    assert b.blob == blob and b.stats.confirmed and b.stats.sources == (service.address,)
+    assert "weight version 1 is not held by this service (it holds: none yet)" in b.stats.left[0]
+
+
+def test_a_relay_that_expects_the_version_is_waited_for(service: WeightService) -> None:
+    blob = weights(11)
+    service.publish(1, blob)
+    relay = WeightService(chunk_bytes=CHUNK)
+    relay.expect(1)  # its own pull has not begun when the receiver behind it asks
+    got: dict[str, Any] = {}
+
+    def pull_b() -> None:
+        with WeightClient(service.address) as client:
+            got["b"] = client.pull(1, relays=[relay.address])
+
+    thread = threading.Thread(target=pull_b)
+    thread.start()
+    time.sleep(0.3)
+    try:
+        with WeightClient(service.address) as client:
+            client.pull(1, on_assembly=relay.relay)
+        thread.join(30)
+    finally:
+        relay.close()
+    assert got["b"].blob == blob and got["b"].stats.sources == (relay.address,)
