@@ -31,13 +31,13 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.demand import actor_options
-from rlsched.config import GRPOConfig, TrainerConfig, TrainStrategy, WeightsConfig
+from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
 from rlsched.core.demand import rank_bundle
 from rlsched.errors import CollectiveFault, TrainingFault, UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint, state_bytes
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.rank import RankTrainer
-from rlsched.rl.sharding import RANK_ENV, HeldBytes, join_group, rank_device
+from rlsched.rl.sharding import RANK_ENV, join_group, rank_device
 from rlsched.rl.update import TrainItem
 from rlsched.transfer.service import WeightService
 
@@ -124,9 +124,6 @@ class TrainerRank:
         state = self._trainer().published(everywhere=True)
         assert state is not None
         return checksum(state_bytes(state))
-
-    def held(self) -> HeldBytes:
-        return self._trainer().held()
 
     def shutdown(self) -> None:
         if self.weights is not None:
@@ -228,10 +225,6 @@ class TrainingGroup:
         answers([r.join.remote(address) for r in self.ranks], "start")
         self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
 
-    @property
-    def sharded(self) -> bool:
-        return self.cfg.strategy is TrainStrategy.FSDP
-
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
         tokens = float(sum(len(i.token_ids) for i in items))
         shards = [list(items[i :: len(self.ranks)]) for i in range(len(self.ranks))]
@@ -249,7 +242,7 @@ class TrainingGroup:
     def publish(self, version: int) -> PublishedVersion:
         """Rank 0's new version, held by its weight service; its description. Under fsdp every rank
         joins the gathers."""
-        ranks = self.ranks if self.sharded else self.ranks[:1]
+        ranks = self.ranks if self.cfg.sharded else self.ranks[:1]
         published: PublishedVersion = answers([r.publish.remote(version) for r in ranks], "publish")[0]
         return published
 
@@ -257,10 +250,6 @@ class TrainingGroup:
         """Each rank's SHA-256 of the weights it holds (all equal, or the ranks have diverged)."""
         sums: list[str] = answers([r.weights_checksum.remote() for r in self.ranks], "checksum")
         return sums
-
-    def held(self) -> list[HeldBytes]:
-        """What each rank holds for training, by tensor."""
-        return [ray.get(r.held.remote()) for r in self.ranks]
 
     def shutdown(self) -> None:
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # it is going anyway

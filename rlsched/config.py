@@ -262,6 +262,10 @@ class TrainerConfig(Section):
         description="more resources each rank's bundle reserves, e.g. a device type {H100: 1}",
     )
 
+    @property
+    def sharded(self) -> bool:
+        return self.strategy is TrainStrategy.FSDP
+
     @model_validator(mode="after")
     def _offload_needs_shards(self) -> TrainerConfig:
         if self.offload and self.strategy is not TrainStrategy.FSDP:

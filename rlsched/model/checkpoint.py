@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
+from torch.distributed.tensor import DTensor
 
 from rlsched.errors import UserError
 from rlsched.model.template import PromptFormat, resolve_prompt_format
@@ -281,11 +282,13 @@ def load_checkpoint(
 
 
 def published_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict by HF name, each storage once: a tied head is left to its embedding."""
+    """The state dict by HF name, each storage once: a tied head is left to its embedding. A sharded
+    (DTensor) entry is keyed by this rank's local shard, and returned as the DTensor."""
     seen: set[tuple[int, int]] = set()
     out: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        part = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        key = (part.untyped_storage().data_ptr(), int(part.storage_offset()))
         if key in seen:
             continue
         seen.add(key)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlsched.config import GRPOConfig, TrainerConfig, TrainStrategy
+from rlsched.config import GRPOConfig, TrainerConfig
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.sharding import (
     HeldBytes,
@@ -56,10 +56,6 @@ class RankTrainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=grpo.lr, weight_decay=0.0)
         self.steps = 0
 
-    @property
-    def sharded(self) -> bool:
-        return self.cfg.strategy is TrainStrategy.FSDP
-
     def step(self, items: Sequence[TrainItem], token_count: float) -> LossStats:
         """One GRPO step on this rank's shard; its shares of the batch's loss figures."""
         set_warmup_lr(self.optimizer, self.grpo, self.steps)
@@ -71,8 +67,8 @@ class RankTrainer:
                 self.grpo,
                 options=self.options,
                 token_count=token_count,
-                reduce_grads=None if self.sharded else all_reduce_grads,
-                agree_passes=(lambda n: agreed_passes(n, self.device)) if self.sharded else None,
+                reduce_grads=None if self.cfg.sharded else all_reduce_grads,
+                agree_passes=(lambda n: agreed_passes(n, self.device)) if self.cfg.sharded else None,
             )
         self.steps += 1
         return stats

@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from rlsched.config import Precision, TrainerConfig, TrainStrategy
 from rlsched.errors import CollectiveFault, UserError
+from rlsched.model.checkpoint import published_state
 
 
 def join_group(init_method: str, rank: int, world: int, timeout_s: float, device: torch.device) -> None:
@@ -141,15 +142,9 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def full_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every published tensor by HF name, whole, one at a time; each storage once (a tied head is left
-    to its embedding). For a sharded model each is an all-gather that every rank must join, in order."""
-    seen: set[int] = set()
-    for name, tensor in model.state_dict().items():
-        part = local(tensor)
-        key = part.untyped_storage().data_ptr() + int(part.storage_offset()) * part.element_size()
-        if key in seen:
-            continue
-        seen.add(key)
+    """Every published tensor by HF name (`published_state`: a tied head is left to its embedding),
+    whole, one at a time. For a sharded model each is an all-gather every rank must join, in order."""
+    for name, tensor in published_state(model).items():
         yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
