@@ -259,7 +259,9 @@ class WeightService(pb_grpc.WeightsServicer):
                     return  # the stream ends short: the receiver resumes from its last chunk
                 pace.take(len(data))
                 sent += len(data)
+                began = time.monotonic()
                 yield pb.Chunk(offset=offset, data=bytes(data))
+                pace.took(len(data), time.monotonic() - began)
         finally:
             pace.close()
 
@@ -316,7 +318,9 @@ class WeightService(pb_grpc.WeightsServicer):
                 return  # a relay whose copy stopped growing: closing makes the receiver go elsewhere
             piece = view[offset:upto]
             pace.take(len(piece))
+            began = time.monotonic()
             conn.sendall(self.faults.damage(piece, offset, m))
+            pace.took(len(piece), time.monotonic() - began)
             offset = upto
 
     def _on_slow(self, slow: SlowReceiver) -> None:

@@ -7,10 +7,14 @@ virtual clock: a send of `n` bytes may start when the flow's allowance has caugh
 that fell behind may catch up by at most `burst_s` (a token bucket that deep: on this machine a
 bucket of at least 50 ms paced within 1% of its target, shallower ones lost time to late wake-ups).
 
-A receiver that takes less than its share (slower than configured) leaves its flow behind its
-clock. When the lag passes `slow_lag_s` the shaper reports it once (`SlowReceiver`: configured,
-assigned and measured rates) and caps that flow at what it achieved, so the others get the rest of
-the egress; the transfer itself carries on and loses nothing.
+A receiver that takes less than its share (slower than configured) makes the sends to it block
+for longer than the bytes were booked for. The sender reports how long each send took (`Pace.took`),
+and the shaper keeps the flow's debt: the time its sends blocked beyond their booking, less any
+time a later quick send gives back, never below zero. Only time inside a send counts, so a relay
+that waits for its own upstream chunks, or a flow idle between requests, is not "slow". When the
+debt passes `slow_lag_s` the shaper reports it once (`SlowReceiver`: configured, assigned and
+measured rates) and caps that flow at what it achieved, so the others get the rest of the egress;
+the transfer itself carries on and loses nothing.
 
 Without an egress rate (`egress_bps=None`) only the receivers' own caps pace their flows; a flow
 with neither never waits: the raw throughput of the data path.
@@ -56,12 +60,19 @@ class Pace:
         self.opened = shaper.clock()
         self.sent = 0
         self.due = self.opened  # when the allowance has caught up with what was sent
+        self.debt_s = 0.0  # how long sends blocked beyond their booking (the receiver's lag)
+        self.behind_bytes = 0  # sent since the debt was last zero, and the seconds those sends took
+        self.behind_s = 0.0
         self.slow: SlowReceiver | None = None
 
     def take(self, nbytes: int) -> None:
         wait = self._shaper.schedule(self, nbytes)
         if wait > 0:
             self._shaper.sleep(wait)
+
+    def took(self, nbytes: int, seconds: float) -> None:
+        """The send of `nbytes` just booked took `seconds` (the receiver's side of the pace)."""
+        self._shaper.account(self, nbytes, seconds)
 
     def close(self) -> None:
         self._shaper.close(self)
@@ -131,15 +142,29 @@ class LinkShaper:
             return 0.0
         with self._lock:
             now = self.clock()
-            if now - pace.due > self.slow_lag_s and pace.slow is None and pace.sent > 0:
-                self._mark_slow(pace, now)
             start = max(pace.due, now - self.burst_s)
             pace.due = start + 8.0 * nbytes / pace.rate_bps
             pace.sent += nbytes
             return start - now
 
-    def _mark_slow(self, pace: Pace, now: float) -> None:
-        measured = 8.0 * pace.sent / max(now - pace.opened, 1e-9)
+    def account(self, pace: Pace, nbytes: int, seconds: float) -> None:
+        """Add a send's blocking beyond its booked time to the flow's debt; report it when slow."""
+        if pace.rate_bps == UNCAPPED or pace.slow is not None:
+            return
+        with self._lock:
+            pace.debt_s = max(0.0, pace.debt_s + seconds - 8.0 * nbytes / pace.rate_bps)
+            if pace.debt_s == 0.0:
+                pace.behind_bytes, pace.behind_s = 0, 0.0
+                return
+            pace.behind_bytes += nbytes
+            pace.behind_s += seconds
+            if pace.debt_s > self.slow_lag_s:
+                self._mark_slow(pace)
+
+    def _mark_slow(self, pace: Pace) -> None:
+        # the rate it took while falling behind: the sends before (filling socket buffers) and any
+        # idle time aside
+        measured = 8.0 * pace.behind_bytes / max(pace.behind_s, 1e-9)
         pace.slow = SlowReceiver(pace.receiver, pace.configured_bps, pace.rate_bps, measured)
         self.slow.append(pace.slow)
         pace.cap_bps = measured

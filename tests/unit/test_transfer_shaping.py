@@ -57,15 +57,25 @@ def test_a_receiver_that_falls_behind_is_reported_once_and_capped_at_what_it_tak
     seen = []
     s = LinkShaper(8e9, clock=clock, sleep=clock.sleep, slow_lag_s=0.5, on_slow=seen.append)
     fast, slow = s.open("fast", None), s.open("slow", 8e9)
-    assert s.rates()["slow"] == 4e9
-    slow.take(500_000_000)  # 0.5 GB booked at 0.5 GB/s: due at 1 s
-    clock.now = 4.0  # but the receiver took 4 s for it
-    slow.take(1)
+    assert s.rates()["slow"] == 4e9  # 0.5 GB/s each
+
+    def send(nbytes: int, seconds: float) -> None:  # the send itself blocks for `seconds`
+        slow.take(nbytes)
+        clock.now += seconds
+        slow.took(nbytes, seconds)
+
+    send(500_000_000, 0.9)  # booked for 1 s, sent in 0.9: no debt
+    clock.now += 20.0  # idle (a relay waiting for its upstream, say): not the receiver's lag
+    send(1, 0.0)
+    assert seen == [] and slow.debt_s == 0.0
+    send(500_000_000, 1.3)  # 0.3 s beyond its booking: behind, not yet slow
+    assert seen == [] and slow.debt_s == pytest.approx(0.3)
+    send(500_000_000, 1.3)  # 0.6 s behind: slow
     (report,) = seen
-    assert report.receiver == "slow" and report.measured_bps == pytest.approx(1e9)
-    assert s.rates() == {"fast": pytest.approx(7e9), "slow": pytest.approx(1e9)}
-    clock.now = 10.0
-    slow.take(1)
+    took = 8 * 1_000_000_000 / 2.6  # what it took while falling behind
+    assert report.receiver == "slow" and report.measured_bps == pytest.approx(took)
+    assert s.rates() == {"fast": pytest.approx(8e9 - took), "slow": pytest.approx(took)}
+    send(500_000_000, 5.0)
     assert len(seen) == 1 and s.slow == seen
     fast.close()
 
