@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,15 +39,19 @@ from rlsched.engine.protocol import (
     Sample,
     WeightVersion,
 )
+from rlsched.engine.staging import StagingError, WeightStage, stream_into
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
-from rlsched.transfer.manifest import LATEST
+from rlsched.transfer.manifest import LATEST, Assembly
 from rlsched.transfer.plane import Plane
+from rlsched.transfer.service import WeightService
 
 log = logging.getLogger(__name__)
+
+RELAY_AWAIT_S = 10.0  # a peer that asks this instance's relay for a version it has not begun waits
 
 
 class NotReady(RuntimeError):
@@ -69,6 +74,8 @@ class JoinReport:
     broken: int
     corrupt: int
     attempts: int  # pulls it took to confirm (1 unless a mismatch forced another)
+    staged: bool = False  # loaded tensor by tensor while the bytes arrived (load: the rest, swap)
+    sources: tuple[str, ...] = ()  # the services (relays, then the origin) that delivered bytes
 
     @property
     def transfer_s(self) -> float:
@@ -84,7 +91,8 @@ class JoinReport:
         return (
             f"{self.instance} joined at v{self.version}: transfer {self.transfer_s:.2f} s "
             f"({self.nbytes / 1e6:.1f} MB at {self.gbps:.3f} Gbit/s, {self.streams} stream(s)), "
-            f"load {load_s:.3f} s, confirm {confirm_s:.3f} s"
+            f"load {load_s:.3f} s{' after staging while it arrived' if self.staged else ''}, "
+            f"confirm {confirm_s:.3f} s"
         )
 
 
@@ -128,6 +136,7 @@ class Instance:
         self.store = PartialStore(Path(store_path)) if store_path else None
         self.flush_s = flush_s
         self._buffer: bytearray | None = None  # reused from one version to the next
+        self.relay: WeightService | None = None  # serves what it pulls to peers (`start_relay`)
         self._attempt = 0
         self.store_failures = 0
 
@@ -135,21 +144,44 @@ class Instance:
         self.state = transition(self.state, target)
 
     # -- weights --------------------------------------------------------------------------------
+    def start_relay(self, upload_bps: float = 0.0) -> str:
+        """Serve every version this instance pulls to the peers the fleet points at it, at most at
+        `upload_bps` (0: unshaped); returns the relay's address. Idempotent."""
+        if self.relay is None:
+            self.relay = WeightService(egress_bps=upload_bps or None, keep=1, await_newer_s=RELAY_AWAIT_S)
+        return self.relay.address
+
     def join(
-        self, address: str, version: int, ingress_bps: float = 0.0, plane: str = "tcp", attempts: int = 2
+        self,
+        address: str,
+        version: int,
+        ingress_bps: float = 0.0,
+        plane: str = "tcp",
+        attempts: int = 2,
+        relays: Sequence[str] = (),
     ) -> JoinReport:
-        """Take `version` (or a newer one, if it is gone) from the weight service at `address`; READY
-        only once it is confirmed."""
+        """Take `version` (or a newer one, if it is gone) from the weight service at `address`, from
+        the peers in `relays` first; READY only once it is confirmed. An engine that stages (the
+        torch engine) loads each tensor as its bytes are verified and swaps the version in at once."""
         if self.unavailable is not None:
             self._to(InstanceState.RELEASED)
             raise JoinFailed(f"{self.instance_id}: {self.unavailable}")
+        if self.relay is not None:
+            self.relay.expect(version)  # a peer behind it may ask before its own pull begins
         for attempt in range(1, attempts + 1):
             self._to(InstanceState.TRANSFERRING)
             t0 = time.monotonic()
-            stats, blob, published, version = self._pull(address, version, ingress_bps, Plane(plane))
+            staged = _StagedLoad(self.engine)
+            try:
+                stats, buffer, published, version = self._pull(
+                    address, version, ingress_bps, Plane(plane), relays, staged.begin
+                )
+            except JoinFailed:
+                staged.cancel()
+                raise
             t1 = time.monotonic()
             self._to(InstanceState.LOADING)
-            loaded = self.engine.load_weights(blob, WeightVersion(version))
+            loaded = self._load(staged, buffer, version, stats.confirmed)
             t2 = time.monotonic()
             self._to(InstanceState.CONFIRMING)
             problem = self._mismatch(stats, published, loaded, version)
@@ -158,7 +190,7 @@ class Instance:
                 self._to(InstanceState.READY)
                 return JoinReport(
                     self.instance_id, version, (t0, t1), (t1, t2), (t2, t3), stats.nbytes, stats.streams,
-                    stats.broken, stats.corrupt, attempt,
+                    stats.broken, stats.corrupt, attempt, staged.staged, stats.sources,
                 )  # fmt: skip
             log.warning("%s: %s (attempt %d of %d)", self.instance_id, problem, attempt, attempts)
         self._to(InstanceState.RELEASED)
@@ -166,28 +198,58 @@ class Instance:
             f"{self.instance_id}: gave up on version {version} after {attempts} pulls: {problem}"
         )
 
+    def _load(self, staged: _StagedLoad, buffer: bytearray, version: int, confirmed: bool) -> str:
+        """The checksum of what the engine now holds: the staged copy swapped in (only if the pull
+        confirmed the whole version), or the whole buffer loaded at once."""
+        if staged.staged:
+            if not confirmed:
+                staged.cancel()
+                return "not loaded: the pull did not confirm"
+            try:
+                return staged.commit()
+            except StagingError as err:
+                return f"not loaded: {err}"
+        return self.engine.load_weights(bytes(buffer), WeightVersion(version))
+
     def _pull(
-        self, address: str, version: int, ingress_bps: float, plane: Plane
-    ) -> tuple[PullStats, bytes, str, int]:
+        self,
+        address: str,
+        version: int,
+        ingress_bps: float,
+        plane: Plane,
+        relays: Sequence[str],
+        on_assembly: Callable[[Assembly], None],
+    ) -> tuple[PullStats, bytearray, str, int]:
         """Pull `version`; if the service no longer holds it (the instance took longer to start than
         the service keeps versions, as a vLLM engine may), the newest it holds instead. Returns the
         version finally asked for with what came back."""
+
+        def began(assembly: Assembly) -> None:
+            if self.relay is not None:
+                self.relay.relay(assembly)
+            on_assembly(assembly)
+
+        # a relaying instance takes a fresh buffer: peers may still read the last version's
+        buffer = self._buffer if self.relay is None else None
         try:
             with WeightClient(address) as client:
-                pull = partial(client.pull, receiver=self.instance_id, ingress_bps=ingress_bps, plane=plane)
+                pull = partial(
+                    client.pull, receiver=self.instance_id, ingress_bps=ingress_bps, plane=plane,
+                    buffer=buffer, relays=relays, on_assembly=began,
+                )  # fmt: skip
                 try:
-                    pulled = pull(version, buffer=self._buffer)
+                    pulled = pull(version)
                 except VersionNotFound:
                     newest = client.manifest(LATEST).version
                     if newest <= version:
                         raise
                     log.info("%s: version %d is gone; taking %d", self.instance_id, version, newest)
-                    pulled, version = pull(newest, buffer=self._buffer), newest
+                    pulled, version = pull(newest), newest
         except (VersionNotFound, TransferFailed) as err:
             self._to(InstanceState.RELEASED)
             raise JoinFailed(f"{self.instance_id}: cannot take version {version}: {err}") from None
         self._buffer = pulled.assembly.buffer
-        return pulled.stats, bytes(pulled.assembly.buffer), pulled.assembly.manifest.sha256, version
+        return pulled.stats, pulled.assembly.buffer, pulled.assembly.manifest.sha256, version
 
     @staticmethod
     def _mismatch(stats: PullStats, published: str, loaded: str, version: int) -> str | None:
@@ -195,6 +257,8 @@ class Instance:
             return f"the service sent version {stats.version} when {version} was asked for"
         if not stats.confirmed:
             return "the bytes received do not match the published SHA-256"
+        if loaded.startswith("not loaded"):
+            return f"the engine did not take the version ({loaded})"
         if loaded != published:
             return f"the engine loaded checksum {loaded[:12]}, the published one is {published[:12]}"
         return None
@@ -252,7 +316,59 @@ class Instance:
             self._to(InstanceState.RELEASED)
         if self.unavailable is None:
             self.engine.shutdown()  # vLLM's engine processes go now, not when the actor is killed
+        if self.relay is not None:
+            self.relay.close()
         return str(self.state)
+
+
+class _StagedLoad:
+    """The loader beside a pull: a thread that stages each tensor as the pull verifies its bytes
+    (`rlsched.engine.staging`); nothing where the engine takes versions only whole."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self._engine = engine
+        self._stage: WeightStage | None = None
+        self._thread: threading.Thread | None = None
+        self._assembly: Assembly | None = None
+        self._sha: str | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def staged(self) -> bool:
+        return self._stage is not None
+
+    def begin(self, assembly: Assembly) -> None:
+        """The pull's copy exists: stage it as it fills (a retried pull's earlier copy is dropped)."""
+        self.cancel()
+        self._stage = self._engine.stage(WeightVersion(assembly.manifest.version))
+        if self._stage is None:
+            return
+        self._assembly, self._sha, self._error = assembly, None, None
+        self._thread = threading.Thread(target=self._run, args=(self._stage, assembly), daemon=True)
+        self._thread.start()
+
+    def _run(self, stage: WeightStage, assembly: Assembly) -> None:
+        try:
+            self._sha = stream_into(stage, assembly)
+        except BaseException as err:  # noqa: BLE001 - handed to commit(), which reports it
+            self._error = err
+
+    def commit(self) -> str:
+        """Wait for the last tensor, swap the version in; the SHA-256 of what was staged."""
+        assert self._thread is not None and self._stage is not None
+        self._thread.join()
+        if self._error is not None:
+            raise StagingError(str(self._error))
+        assert self._sha is not None
+        self._stage.commit()
+        return self._sha
+
+    def cancel(self) -> None:
+        if self._assembly is not None and not self._assembly.complete:
+            self._assembly.abandon()
+        if self._thread is not None:
+            self._thread.join()
+        self._stage = self._thread = self._assembly = None
 
 
 # one thread streams samples, the other answers status, abort and drain

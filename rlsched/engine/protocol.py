@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NewType, Protocol
+from typing import TYPE_CHECKING, NewType, Protocol
+
+if TYPE_CHECKING:
+    from rlsched.engine.staging import WeightStage
 
 RequestId = NewType("RequestId", str)
 WeightVersion = NewType("WeightVersion", int)
@@ -117,6 +120,11 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, blob: bytes, version: WeightVersion) -> str:
         """Load BF16 safetensors bytes as `version`; return the checksum of what was loaded."""
+        ...
+
+    def stage(self, version: WeightVersion) -> WeightStage | None:
+        """A staging copy to fill tensor by tensor while the bytes arrive and swap in at once
+        (`rlsched.engine.staging`); None where the engine takes a version only whole."""
         ...
 
     def generate(

@@ -57,6 +57,7 @@ from rlsched.engine.protocol import (
     check_fits,
 )
 from rlsched.engine.sampling import RowSamplers, select_tokens
+from rlsched.engine.staging import ModelStage
 from rlsched.model.checkpoint import checksum, load_state_bytes
 from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -139,6 +140,7 @@ class TorchRolloutEngine:
         self._generator = torch.Generator().manual_seed(seed)
         self._aborted: set[RequestId] = set()
         self._lock = threading.Lock()
+        self._step = threading.Lock()  # held around each forward: a staged version swaps in between
 
     @property
     def version(self) -> WeightVersion:
@@ -149,9 +151,19 @@ class TorchRolloutEngine:
         return self._context
 
     def load_weights(self, blob: bytes, version: WeightVersion) -> str:
-        load_state_bytes(self.model, blob)
-        self._version = WeightVersion(version)
+        with self._step:
+            load_state_bytes(self.model, blob)
+            self._version = WeightVersion(version)
         return checksum(blob)
+
+    def stage(self, version: WeightVersion) -> ModelStage:
+        """A staging copy for `version`, filled while generation goes on and swapped in between two
+        decoding steps (`rlsched.engine.staging`)."""
+
+        def swapped() -> None:
+            self._version = WeightVersion(version)
+
+        return ModelStage(self.model, self._step, swapped)
 
     def abort(self, request_id: RequestId) -> None:
         with self._lock:
@@ -291,13 +303,14 @@ class TorchRolloutEngine:
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: Step, keep: int) -> torch.Tensor:
         dev = self._device
-        out = self.model(
-            input_ids=ids.to(dev),
-            position_ids=positions.to(dev),
-            use_cache=False,
-            logits_to_keep=keep,
-            rlsched_step=step.to(dev),
-        )
+        with self._step:
+            out = self.model(
+                input_ids=ids.to(dev),
+                position_ids=positions.to(dev),
+                use_cache=False,
+                logits_to_keep=keep,
+                rlsched_step=step.to(dev),
+            )
         return out.logits.float().cpu()  # sampling runs on the CPU, with the requests' own generators
 
     def _advance(

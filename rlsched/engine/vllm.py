@@ -181,6 +181,11 @@ class VllmRolloutEngine:
         self._version = WeightVersion(version)
         return str(sums.pop())
 
+    def stage(self, version: WeightVersion) -> None:
+        """None: vLLM takes a version whole, from one shared file (its engine processes own the
+        weights; staging there would mean a second copy on the GPU)."""
+        return None
+
     # -- generation --------------------------------------------------------------------------------
     def check(self, req: GenerationRequest) -> None:
         check_fits(req, self._context)

@@ -15,7 +15,8 @@ measures both in one run).
 Relays: a receiver may run a service of its own and `relay` the copy it is assembling. It sends
 only the verified prefix, and a stream that catches up with the copy waits for the next chunk (it
 ends if the copy stops growing for `RELAY_WAIT_S`). A version the relay `expect`s is waited for
-rather than refused, so a receiver behind it may ask before the relay's own pull has begun. The
+rather than refused, and so, for `await_newer_s`, is any version newer than the relay holds: a
+receiver behind it may ask before the relay's own pull has begun. The
 receivers behind it check every chunk against the origin's manifest, so a relay cannot pass on
 damage unnoticed (`WeightClient.pull`'s `relays`).
 
@@ -127,12 +128,17 @@ class WeightService(pb_grpc.WeightsServicer):
         faults: Faults | None = None,
         max_workers: int = 16,
         slow_lag_s: float = 0.5,
+        await_newer_s: float = 0.0,
     ) -> None:
+        """`await_newer_s` (a relay's): how long a request for a version newer than any held waits
+        for this receiver's own pull of it to begin (the fleet points peers at a relay as it starts
+        that pull; 0: refused at once, as the origin does)."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.host, self.keep, self.chunk_bytes = host, keep, chunk_bytes
         self.faults = faults or Faults()
         self.slow_lag_s = slow_lag_s
+        self.await_newer_s = await_newer_s
         self.shaper = LinkShaper(egress_bps, slow_lag_s=slow_lag_s, on_slow=self._on_slow)
         self._versions: OrderedDict[int, _Held] = OrderedDict()
         self._expected: set[int] = set()  # versions this relay will hold once its pull begins
@@ -188,12 +194,22 @@ class WeightService(pb_grpc.WeightsServicer):
         with self._arrived:
             self._arrived.notify_all()
 
+    def _patience(self, version: int) -> float:
+        """How long a request for `version` may wait for it to arrive (0: answer now)."""
+        with self._lock:
+            if version in self._versions or version == LATEST:
+                return 0.0
+            if version in self._expected:
+                return RELAY_WAIT_S
+            newest = next(reversed(self._versions)) if self._versions else -1
+            return self.await_newer_s if version > newest else 0.0
+
     def _wait_expected(self, version: int) -> None:
-        deadline = time.monotonic() + RELAY_WAIT_S
+        deadline = time.monotonic() + self._patience(version)
         with self._arrived:
             while True:
                 with self._lock:
-                    if version not in self._expected or version in self._versions:
+                    if version in self._versions:
                         return
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -1,0 +1,119 @@
+"""Loading a weight version while its bytes arrive, into a staging copy that is swapped in at once.
+
+The sequential path waits for the whole file, then copies it into the model (`load_weights`). The
+staged path overlaps the two: `stream_into` walks the version's tensors in file order, waits for
+each one's bytes to be verified by the pull (`Assembly.wait_verified`), and hands it to the
+engine's `WeightStage` while the next bytes are still on the wire. It hashes every byte it hands
+over, in order, so the checksum the instance confirms is of what was staged, not of what arrived.
+
+A stage holds the new tensors beside the live ones (one extra copy of the weights, on the engine's
+device) and `commit` swaps them in between two decoding steps, all of them at once, only after every
+expected tensor is in: the engine never decodes with a mix of two versions. A tensor that does not
+belong to the model (a name it lacks, a shape that differs) is refused where it arrives, naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from rlsched.model.checkpoint import published_state
+from rlsched.transfer.manifest import Assembly, TensorInfo
+
+DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+class StagingError(ValueError):
+    """The bytes being staged do not fit the model, or stopped arriving."""
+
+
+class WeightStage(Protocol):
+    """An engine's next version, filled tensor by tensor and swapped in whole."""
+
+    def put(self, name: str, tensor: torch.Tensor) -> None: ...
+
+    def commit(self) -> None: ...
+
+
+class ModelStage:
+    """A staging copy of a torch model's published tensors; `commit` swaps it in under `lock` (the
+    lock the engine holds around each forward) and calls `swapped` there (the engine's new version)."""
+
+    def __init__(
+        self, model: torch.nn.Module, lock: threading.Lock, swapped: Callable[[], None] = lambda: None
+    ) -> None:
+        self._model = model
+        self._lock = lock
+        self._swapped = swapped
+        self._own = published_state(model)
+        self._staged: dict[str, torch.Tensor] = {}
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        own = self._own.get(name)
+        if own is None:
+            raise StagingError(f"tensor {name} is not one of the model's weights")
+        if tuple(tensor.shape) != tuple(own.shape):
+            raise StagingError(f"{name}: shape {tuple(tensor.shape)} != model {tuple(own.shape)}")
+        staged = torch.empty_like(own)  # its own storage: the pull's buffer is reused next version
+        staged.copy_(tensor)
+        self._staged[name] = staged
+
+    @property
+    def missing(self) -> list[str]:
+        return sorted(set(self._own) - set(self._staged))
+
+    def commit(self) -> None:
+        if self.missing:
+            raise StagingError(f"the version lacks {len(self.missing)} tensor(s): {self.missing[:3]}")
+        with self._lock, torch.no_grad():
+            for name, staged in self._staged.items():
+                self._swap(name, staged)
+            self._swapped()
+        self._staged = {}
+
+    def _swap(self, name: str, staged: torch.Tensor) -> None:
+        try:
+            self._model.get_parameter(name).data = staged  # a tied head shares this Parameter
+        except AttributeError:
+            self._model.get_buffer(name).copy_(staged)
+
+
+def tensor_of(buffer: bytearray | memoryview, info: TensorInfo) -> torch.Tensor:
+    """A view of one tensor's bytes in `buffer` (no copy)."""
+    dtype = DTYPES.get(info.dtype)
+    if dtype is None:
+        raise StagingError(f"tensor {info.name}: dtype {info.dtype} is not one of {sorted(DTYPES)}")
+    count = (info.end - info.start) // dtype.itemsize
+    if info.end == info.start:
+        return torch.empty(info.shape, dtype=dtype)
+    flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=info.start)
+    return flat.view(info.shape)
+
+
+def stream_into(stage: WeightStage, assembly: Assembly, wait_s: float = 60.0) -> str:
+    """Hand each of `assembly`'s tensors to `stage` as soon as its bytes are verified; returns the
+    SHA-256 of every byte handed over (the whole file, header included). A StagingError if the pull
+    is abandoned or stalls past `wait_s` before the last tensor."""
+    manifest = assembly.manifest
+    sha = hashlib.sha256()
+    view = memoryview(assembly.buffer)
+    hashed = 0
+    for info in manifest.tensors:
+        _wait(assembly, info.end, wait_s)
+        sha.update(view[hashed : info.end])
+        hashed = info.end
+        stage.put(info.name, tensor_of(assembly.buffer, info))
+    _wait(assembly, manifest.nbytes, wait_s)
+    sha.update(view[hashed : manifest.nbytes])
+    return sha.hexdigest()
+
+
+def _wait(assembly: Assembly, upto: int, wait_s: float) -> None:
+    got = assembly.wait_verified(upto, wait_s)
+    if got < upto:
+        why = "the pull was abandoned" if assembly.abandoned else f"no progress for {wait_s:.0f} s"
+        raise StagingError(f"staging stopped at byte {got} of {assembly.manifest.nbytes}: {why}")
