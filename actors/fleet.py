@@ -4,7 +4,8 @@ acceptance. This module only turns Ray completions into the core's events and it
 calls:
 
 - `StartInstance` creates a `RolloutInstance` actor (in the job's placement group, or the cluster
-  part's); `StartPull` calls its `join` (transfer, load, confirm of one version; `actors.rollout`),
+  part's), and with `weights.relay` starts its relay service; `StartPull` calls its `join`
+  (transfer, load, confirm of one version; `actors.rollout`) with its sources' relay addresses,
   whose report or failure becomes `PullDone`; `KillInstance` is `ray.kill`.
 - `Route` starts a streaming `generate` call; each sample it yields is `Arrived`, its end
   `StreamEnded`, and an actor that died under it `Reclaimed` (preempted).
@@ -71,7 +72,7 @@ def fleet_params(cfg: JobConfig) -> fx.FleetParams:
         for k, t in enumerate(r.transient)
     )
     cost = ResumeCost(r.prefill_tokens_per_s, r.decode_tokens_per_s, r.resume_setup_s)
-    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows)
+    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows, w.relay_params())
 
 
 class Fleet:
@@ -96,6 +97,7 @@ class Fleet:
         self.handles: dict[str, Any] = {}
         self.ingress: dict[str, float] = {}
         self.pulls: dict[str, Any] = {}  # instance -> its `join` call in flight
+        self.relays: dict[str, Any] = {}  # instance -> its relay's address (a ref until first read)
         self.streams: dict[str, Any] = {}  # instance -> its streaming `generate` call
         self.requests: dict[str, GenerationRequest] = {}  # this iteration's, by id
         self.join_reports: list[JoinReport] = []
@@ -138,6 +140,7 @@ class Fleet:
             case fx.KillInstance():
                 self.pulls.pop(e.name, None)
                 self.streams.pop(e.name, None)
+                self.relays.pop(e.name, None)
                 ray.kill(self.handles[e.name])
             case fx.ReadSaved():
                 self._replies.append(fx.SavedRead(self.clock(), e.name, self.resumes.read(e.requests)))
@@ -168,15 +171,36 @@ class Fleet:
             self.cfg.store.flush_s,
             str(self.cfg.engine.kind),
             str(self.cfg.engine.dtype),
+            self.cfg.weights.staged_load,
         )
         self._seeds += 1
         self.ingress[e.name] = e.ingress_bps
+        relay = self.core.params.relay
+        if relay is not None:
+            self.relays[e.name] = self.handles[e.name].start_relay.remote(relay.upload_bps)
+
+    def _relay_addresses(self, names: Sequence[str]) -> list[str]:
+        """The relay addresses of `names` (each started with its actor; one that failed is left out:
+        the pull goes on to the next source)."""
+        out = []
+        for name in names:
+            ref = self.relays.get(name)
+            if ref is not None and not isinstance(ref, str):
+                try:
+                    self.relays[name] = ref = ray.get(ref, timeout=60)
+                except (ray.exceptions.RayError, TimeoutError) as err:
+                    self.log(f"{name}'s relay is not available ({err}); its peers pull elsewhere")
+                    self.relays.pop(name)
+                    continue
+            if isinstance(ref, str):
+                out.append(ref)
+        return out
 
     def _pull(self, e: fx.StartPull) -> None:
         assert self.latest is not None and self.latest.version == e.version
         plane = str(self.cfg.weights.plane)
         self.pulls[e.name] = self.handles[e.name].join.remote(
-            self.latest.address, e.version, self.ingress[e.name], plane
+            self.latest.address, e.version, self.ingress[e.name], plane, 2, self._relay_addresses(e.sources)
         )
 
     def _route(self, e: fx.Route) -> None:
@@ -301,7 +325,7 @@ class Fleet:
 
     def publish(self, published: PublishedVersion) -> None:
         self.latest = published
-        self._feed(fx.Published(self.clock(), published.version))
+        self._feed(fx.Published(self.clock(), published.version, published.nbytes))
 
     def reload(self) -> None:
         """Every serving instance (and any allocated one not yet pulling) takes the latest version,

@@ -37,9 +37,10 @@ from rlsched.engine.protocol import (
     RequestId,
     RolloutEngine,
     Sample,
+    WeightStage,
     WeightVersion,
 )
-from rlsched.engine.staging import StagingError, WeightStage, stream_into
+from rlsched.engine.staging import StagingError, stream_into
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint
 from rlsched.policy.lifecycle import InstanceState, transition
@@ -76,6 +77,8 @@ class JoinReport:
     attempts: int  # pulls it took to confirm (1 unless a mismatch forced another)
     staged: bool = False  # loaded tensor by tensor while the bytes arrived (load: the rest, swap)
     sources: tuple[str, ...] = ()  # the services (relays, then the origin) that delivered bytes
+    relayed: bool = False  # a peer delivered some of it
+
 
     @property
     def transfer_s(self) -> float:
@@ -90,7 +93,8 @@ class JoinReport:
         confirm_s = self.confirm[1] - self.confirm[0]
         return (
             f"{self.instance} joined at v{self.version}: transfer {self.transfer_s:.2f} s "
-            f"({self.nbytes / 1e6:.1f} MB at {self.gbps:.3f} Gbit/s, {self.streams} stream(s)), "
+            f"({self.nbytes / 1e6:.1f} MB at {self.gbps:.3f} Gbit/s, {self.streams} stream(s)"
+            f"{', relayed by ' + ' then '.join(self.sources) if self.relayed else ''}), "
             f"load {load_s:.3f} s{' after staging while it arrived' if self.staged else ''}, "
             f"confirm {confirm_s:.3f} s"
         )
@@ -119,7 +123,10 @@ class Instance:
         flush_s: float = 0.25,
         engine: str = "torch",
         dtype: str = "auto",
+        stage: bool = True,
     ) -> None:
+        """`stage`: load each version while it arrives where the engine can (False: after the whole
+        file is in, the sequential baseline)."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
@@ -134,6 +141,7 @@ class Instance:
         except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later
             self.unavailable = f"cannot start its {engine} engine: {err}"
         self.store = PartialStore(Path(store_path)) if store_path else None
+        self.stage = stage
         self.flush_s = flush_s
         self._buffer: bytearray | None = None  # reused from one version to the next
         self.relay: WeightService | None = None  # serves what it pulls to peers (`start_relay`)
@@ -171,7 +179,7 @@ class Instance:
         for attempt in range(1, attempts + 1):
             self._to(InstanceState.TRANSFERRING)
             t0 = time.monotonic()
-            staged = _StagedLoad(self.engine)
+            staged = _StagedLoad(self.engine if self.stage else None)
             try:
                 stats, buffer, published, version = self._pull(
                     address, version, ingress_bps, Plane(plane), relays, staged.begin
@@ -191,6 +199,7 @@ class Instance:
                 return JoinReport(
                     self.instance_id, version, (t0, t1), (t1, t2), (t2, t3), stats.nbytes, stats.streams,
                     stats.broken, stats.corrupt, attempt, staged.staged, stats.sources,
+                    any(src != address for src in stats.sources),
                 )  # fmt: skip
             log.warning("%s: %s (attempt %d of %d)", self.instance_id, problem, attempt, attempts)
         self._to(InstanceState.RELEASED)
@@ -229,8 +238,10 @@ class Instance:
                 self.relay.relay(assembly)
             on_assembly(assembly)
 
-        # a relaying instance takes a fresh buffer: peers may still read the last version's
-        buffer = self._buffer if self.relay is None else None
+        # a fresh buffer where the bytes outlive the pull: a staged engine may keep them as its
+        # weights, and a relay's peers may still be reading the last version's
+        fresh = self.relay is not None or (self.stage and isinstance(self.engine, TorchRolloutEngine))
+        buffer = None if fresh else self._buffer
         try:
             with WeightClient(address) as client:
                 pull = partial(
@@ -325,7 +336,7 @@ class _StagedLoad:
     """The loader beside a pull: a thread that stages each tensor as the pull verifies its bytes
     (`rlsched.engine.staging`); nothing where the engine takes versions only whole."""
 
-    def __init__(self, engine: RolloutEngine) -> None:
+    def __init__(self, engine: RolloutEngine | None) -> None:
         self._engine = engine
         self._stage: WeightStage | None = None
         self._thread: threading.Thread | None = None
@@ -340,6 +351,8 @@ class _StagedLoad:
     def begin(self, assembly: Assembly) -> None:
         """The pull's copy exists: stage it as it fills (a retried pull's earlier copy is dropped)."""
         self.cancel()
+        if self._engine is None:
+            return
         self._stage = self._engine.stage(WeightVersion(assembly.manifest.version))
         if self._stage is None:
             return

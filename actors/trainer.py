@@ -34,7 +34,7 @@ from actors.demand import actor_options
 from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
 from rlsched.core.demand import rank_bundle
 from rlsched.errors import CollectiveFault, TrainingFault, UserError
-from rlsched.model.checkpoint import checksum, load_checkpoint, state_bytes
+from rlsched.model.checkpoint import checksum, load_checkpoint
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.rank import RankTrainer
 from rlsched.rl.sharding import RANK_ENV, join_group, rank_device
@@ -110,20 +110,18 @@ class TrainerRank:
 
     def publish(self, version: int) -> PublishedVersion | None:
         """Gather the weights (every rank, under fsdp); rank 0 hands them to its weight service."""
-        state = self._trainer().published()
-        if state is None:
+        blob = self._trainer().published()
+        if blob is None:
             return None
-        blob = state_bytes(state)
-        del state
         assert self.weights is not None, "rank 0 serves the weights"
         manifest = self.weights.publish(version, blob)
         return PublishedVersion(version, manifest.sha256, len(blob), self.weights.address)
 
     def weights_checksum(self) -> str:
         """The SHA-256 of the BF16 weights this rank holds (gathered first under fsdp)."""
-        state = self._trainer().published(everywhere=True)
-        assert state is not None
-        return checksum(state_bytes(state))
+        blob = self._trainer().published(everywhere=True)
+        assert blob is not None
+        return checksum(blob)
 
     def shutdown(self) -> None:
         if self.weights is not None:

@@ -15,11 +15,14 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from rlsched.config_load import Section, load_tree
+from rlsched.core.fleet_io import RelayParams
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.transfer.plane import Plane
 from verifiers.sandbox import Isolation, SandboxPolicy
+
+UNSHAPED_GBPS = 10.0  # what the relay plan assumes of a link left unshaped
 
 
 class EngineKind(StrEnum):
@@ -342,6 +345,35 @@ class WeightsConfig(Section):
     receiver_gbps: float | None = Field(None, gt=0, description="each instance's ingress; unset: uncapped")
     chunk_kb: int = Field(4096, ge=4, description="bytes per verified chunk, in KiB")
     keep_versions: int = Field(2, ge=1, description="versions the service holds for late pullers")
+    relay: bool = Field(
+        False,
+        description="instances relay each version to their peers as it arrives (pipelined chains at a "
+        "reload, holders and pullers for a joiner), leaving the sender's egress to the others",
+    )
+    upload_gbps: float | None = Field(
+        None,
+        ge=0,
+        description="each instance's upload when it relays; unset: its receiver_gbps (a symmetric link)",
+    )
+    staged_load: bool = Field(
+        True,
+        description="load each tensor as its bytes are verified and swap the version in at once "
+        "(torch engine); false: load after the whole file is in",
+    )
+
+    @model_validator(mode="after")
+    def _relay_uploads(self) -> WeightsConfig:
+        self.relay_params()  # `RelayParams` refuses an upload of 0, naming the fix
+        return self
+
+    def relay_params(self) -> RelayParams | None:
+        """The fleet core's relay parameters (None: the sender alone). Unshaped links plan as if
+        every link ran at 10 Gbit/s (the plan is one chain whenever uploads match the egress)."""
+        if not self.relay:
+            return None
+        egress = (self.egress_gbps or UNSHAPED_GBPS) * 1e9
+        upload = self.upload_gbps if self.upload_gbps is not None else self.receiver_gbps or egress / 1e9
+        return RelayParams(upload * 1e9, egress, self.chunk_kb << 10)
 
 
 class StoreConfig(Section):

@@ -15,6 +15,11 @@ read from its clock, and carries out the effects returned, in order:
   a `WeightBook` (`rlsched.core.weights`), with the weight-version lifecycle.
 - Reloading: between iterations every serving instance pulls the new version; `ReloadDone` once they
   all have. Joiners already pulling go on and catch up afterwards.
+- Relaying (`FleetParams.relay`): a reload follows `relay_plan`, each instance pulling from the one
+  before it in its pipelined chain; a lone joiner or catch-up pulls from the peers that hold or pull
+  the version (`WeightBook.peers_for`) when the best of them would feed it at least as fast as the
+  trainer's egress would, leaving that egress to the others. Every pull falls back to the trainer
+  when its peers fail it; `StartPull.sources` carries the choice.
 - Leaving: DRAINING takes nothing new and is released when its batch ends; PREEMPTED is abrupt
   (`KillInstance`). A preempted instance's unfinished requests go back to the front of the queue with
   what the durable store holds for them (`ReadSaved` -> `SavedRead`): the interrupted members of a
@@ -39,6 +44,7 @@ from typing import Any
 from rlsched.core import fleet_io as fx
 from rlsched.core.trace import Trace
 from rlsched.core.weights import WeightBook
+from rlsched.policy.bandwidth import max_min_rates, relay_plan
 from rlsched.policy.lifecycle import INSTANCE_TRANSITIONS, InstanceState, Leave, transition
 from rlsched.policy.resume import Restart, ResumeCost, resume_or_restart, reuse, truncate_group
 
@@ -302,9 +308,17 @@ class FleetCore:
     # -- weights -----------------------------------------------------------------------------------
 
     def _published(self, e: fx.Published) -> None:
-        self.weights.publish(e.version)
+        self.weights.publish(e.version, e.nbytes)
 
-    def _pull(self, m: _Member, at: float, reload: bool = False) -> None:
+    def _relays(self) -> frozenset[str]:
+        """The instances that relay (with relays on, every live one)."""
+        if self.params.relay is None:
+            return frozenset()
+        return frozenset(n for n, m in self.members.items() if m.state not in _GONE)
+
+    def _pull(
+        self, m: _Member, at: float, reload: bool = False, sources: tuple[str, ...] | None = None
+    ) -> None:
         latest = self.weights.latest
         assert latest is not None
         why = (
@@ -314,10 +328,12 @@ class FleetCore:
             if reload
             else fx.PullWhy.CATCH_UP
         )
+        if sources is None:
+            sources = self._lone_sources(m, latest)
         m.to(_S.TRANSFERRING)
         m.pull = _Pull(why, latest, self.iteration, at)
-        self.weights.pull_started(m.name, latest)
-        self._emit(fx.StartPull(m.name, latest, why))
+        self.weights.pull_started(m.name, latest, sources)
+        self._emit(fx.StartPull(m.name, latest, why, sources))
 
     def _reload_asked(self, e: fx.ReloadAsked) -> None:
         if self.weights.latest is None:
@@ -328,10 +344,53 @@ class FleetCore:
             if m.state is _S.READY or (m.state is _S.ALLOCATED and m.pull is None)
         ]
         self.reloading = {m.name for m in targets}
+        plan = self._reload_plan(targets)
         for m in targets:
-            self._pull(m, e.at, reload=True)
+            self._pull(m, e.at, reload=True, sources=plan.get(m.name, ()))
         if not targets:
             self._reload_finished()
+
+    def _lone_sources(self, m: _Member, version: int) -> tuple[str, ...]:
+        """A lone pull's peers (`WeightBook.peers_for`), if the best of them would feed it at least
+        as fast as the trainer's egress would now (each link shared max-min by the pulls it feeds
+        first-hand); otherwise the trainer alone."""
+        relay = self.params.relay
+        if relay is None:
+            return ()
+        peers = self.weights.peers_for(m.name, version, self._relays())
+        if not peers:
+            return ()
+        from_origin = self._share(self.weights.fed_by(None), m, relay.egress_bps)
+        from_peer = self._share(self.weights.fed_by(peers[0]), m, relay.upload_bps)
+        return peers if from_peer >= from_origin * (1 - _EPS) else ()
+
+    def _share(self, fed: list[str], m: _Member, link_bps: float) -> float:
+        """The rate `m` would get on a link of `link_bps` beside the pulls `fed` (max-min)."""
+        caps = [self._cap(self.members[n], link_bps) for n in fed if n in self.members]
+        return max_min_rates([*caps, self._cap(m, link_bps)], link_bps)[-1]
+
+    @staticmethod
+    def _cap(m: _Member, link_bps: float) -> float:
+        return m.ingress_bps if m.ingress_bps > 0 else link_bps
+
+    def _reload_plan(self, targets: list[_Member]) -> dict[str, tuple[str, ...]]:
+        """Who relays to whom in a reload: `relay_plan`'s forest of pipelined chains over the
+        instances' ingress and upload caps (an uncapped ingress counts as the egress); each pulls
+        from the one before it in its chain. Empty without relays."""
+        relay = self.params.relay
+        if relay is None or len(targets) < 2:
+            return {}
+        latest = self.weights.latest
+        assert latest is not None
+        nbytes = self.weights.versions[latest].nbytes or 64 * relay.chunk_bytes
+        ingress = [m.ingress_bps if m.ingress_bps > 0 else relay.egress_bps for m in targets]
+        uploads = [relay.upload_bps] * len(targets)
+        plan = relay_plan(nbytes, relay.chunk_bytes, ingress, relay.egress_bps, uploads)
+        out: dict[str, tuple[str, ...]] = {}
+        for i, m in enumerate(targets):
+            source = plan.source(i)
+            out[m.name] = (targets[source].name,) if source is not None else ()
+        return out
 
     def _reloaded(self, name: str) -> None:
         if self.reloading is not None and name in self.reloading:

@@ -36,11 +36,33 @@ class Window:
 
 
 @dataclass(frozen=True)
+class RelayParams:
+    """Instances relay each version to their peers: every instance uploads at most `upload_bps`;
+    the trainer's egress `egress_bps` and the chunk size enter the reload plan
+    (`rlsched.policy.bandwidth.relay_plan`)."""
+
+    upload_bps: float
+    egress_bps: float
+    chunk_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.upload_bps <= 0:
+            raise ValueError(
+                f"weights.relay is on but weights.upload_gbps is {self.upload_bps / 1e9:g}: a receiver "
+                "that cannot upload relays nothing. Set upload_gbps above 0 (or leave it unset for "
+                "receiver_gbps), or relay: false"
+            )
+        if self.egress_bps <= 0 or self.chunk_bytes <= 0:
+            raise ValueError("the relay plan needs a positive egress rate and chunk size")
+
+
+@dataclass(frozen=True)
 class FleetParams:
     request_batch: int = 16  # requests handed to an idle instance at a time
     max_staleness: int = 0  # versions an instance may lag the latest and still be routed requests
     cost: ResumeCost = field(default_factory=lambda: ResumeCost(5000.0, 50.0))  # prices resume and restart
     windows: tuple[Window, ...] = ()
+    relay: RelayParams | None = None  # None: every instance pulls from the trainer alone
 
 
 @dataclass(slots=True)
@@ -99,6 +121,7 @@ class Reclaimed:
 class Published:
     at: float
     version: int
+    nbytes: int = 0  # its size, for the relay plan (0: unknown)
 
 
 @dataclass(slots=True)
@@ -191,6 +214,7 @@ class StartPull:
     name: str
     version: int
     why: PullWhy
+    sources: tuple[str, ...] = ()  # peers (instance names) to pull from first, in order, then the trainer
 
 
 @dataclass(slots=True)

@@ -7,8 +7,13 @@ RETIRED once newer versions put it past the staleness bound (`rlsched.policy.ver
 instance holding a version that is not RETIRED is routed requests; one left behind pulls the latest.
 
 The fleet core (`rlsched.core.fleet`) owns one book and tells it of every publish, pull start, pull
-end and departure; the book answers the questions routing and staleness ask. Relays between receivers
-(issue 19) will be recorded here too: a pull then has a source other than the trainer.
+end and departure; the book answers the questions routing and staleness ask.
+
+Relays: where instances relay, a pull records its sources (peers first, the trainer last), and
+`peers_for` picks them for a lone joiner: instances that hold the version whole first, then those
+still pulling it (their verified prefix runs ahead of the joiner), each ranked by how many pulls it
+already feeds, so the trainer's egress is left to the others. A reload of many instances at once
+follows a plan instead (`rlsched.policy.bandwidth.relay_plan`, chosen by the fleet core).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class _Version:
     state: VersionState = VersionState.PUBLISHED
     pulling: set[str] = field(default_factory=set)  # instances pulling it now
     holders: set[str] = field(default_factory=set)  # instances that confirmed it and still hold it
+    nbytes: int = 0  # its size, where the publisher said (the relay plan's S)
 
     def to(self, target: VersionState) -> None:
         if target not in VERSION_TRANSITIONS[self.state]:
@@ -41,12 +47,13 @@ class WeightBook:
         self._live: list[int] = []  # versions not yet RETIRED, oldest first
         self._pulling: dict[str, int] = {}  # instance -> the version it pulls
         self._held: dict[str, int] = {}  # instance -> the version it holds
+        self._sources: dict[str, tuple[str, ...]] = {}  # instance -> the peers its pull draws on
 
-    def publish(self, version: int) -> list[int]:
+    def publish(self, version: int, nbytes: int = 0) -> list[int]:
         """A new version; returns the versions it retires."""
         if self.latest is not None and version <= self.latest:
             raise ValueError(f"version {version} is not newer than {self.latest}")
-        self.versions[version] = _Version()
+        self.versions[version] = _Version(nbytes=nbytes)
         self.latest = version
         self._live.append(version)
         retired = [v for v in self._live if not self.admissible(v)]
@@ -62,10 +69,33 @@ class WeightBook:
     def state(self, version: int) -> VersionState:
         return self.versions[version].state
 
-    def pull_started(self, instance: str, version: int) -> None:
+    def pull_started(self, instance: str, version: int, sources: tuple[str, ...] = ()) -> None:
         self._stop_pulling(instance)
         self.versions[version].pulling.add(instance)
         self._pulling[instance] = version
+        self._sources[instance] = sources
+
+    def sources(self, instance: str) -> tuple[str, ...]:
+        """The peers the instance's current pull draws on (empty: the trainer alone)."""
+        return self._sources.get(instance, ())
+
+    def fed_by(self, source: str | None) -> list[str]:
+        """The pulls in flight that draw first-hand on `source` (None: on the trainer)."""
+        return [n for n in self._pulling if (self._sources.get(n, ())[:1] or (None,))[0] == source]
+
+    def peers_for(
+        self, instance: str, version: int, relays: frozenset[str], limit: int = 2
+    ) -> tuple[str, ...]:
+        """Up to `limit` peers among `relays` for a lone pull of `version`: holders before pullers,
+        the least loaded first (pulls they feed first-hand now), then by name; never the instance
+        itself."""
+        book = self.versions[version]
+
+        def rank(peer: str) -> tuple[int, int, str]:
+            return (0 if peer in book.holders else 1, len(self.fed_by(peer)), peer)
+
+        candidates = (book.holders | book.pulling) & relays - {instance}
+        return tuple(sorted(candidates, key=rank)[:limit])
 
     def confirmed(self, instance: str, version: int) -> None:
         """`instance` loaded `version` and its checksum matched: it now holds that one alone."""
@@ -87,6 +117,7 @@ class WeightBook:
             self.versions[held].holders.discard(instance)
 
     def _stop_pulling(self, instance: str) -> None:
+        self._sources.pop(instance, None)
         version = self._pulling.pop(instance, None)
         if version is not None:
             self.versions[version].pulling.discard(instance)

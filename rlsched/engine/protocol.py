@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NewType, Protocol
 
 if TYPE_CHECKING:
-    from rlsched.engine.staging import WeightStage
+    import torch
 
 RequestId = NewType("RequestId", str)
 WeightVersion = NewType("WeightVersion", int)
@@ -109,6 +109,21 @@ def check_fits(req: GenerationRequest, context_length: int) -> None:
             f"of {context_length} tokens (at least one token must be left to generate); "
             "shorten the prompt"
         )
+
+
+class WeightStage(Protocol):
+    """An engine's next version, filled tensor by tensor while the bytes arrive and swapped in whole
+    (`rlsched.engine.staging`)."""
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        """Stage one tensor: a view of the pull's buffer, which stays valid and unchanged (the
+        engine may keep it as its weight, or copy it)."""
+        ...
+
+    def commit(self) -> None:
+        """Swap every staged tensor in at once, between two decoding steps; refused if any is
+        missing."""
+        ...
 
 
 class RolloutEngine(Protocol):

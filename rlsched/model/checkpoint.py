@@ -306,7 +306,7 @@ def state_bytes(state: dict[str, torch.Tensor]) -> bytes:
     return save({k: v.contiguous() for k, v in state.items()}, metadata={"format": "pt"})
 
 
-def checksum(blob: bytes) -> str:
+def checksum(blob: bytes | bytearray) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 

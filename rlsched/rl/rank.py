@@ -4,9 +4,9 @@ benchmark's process (`scripts/bench_fsdp.py`).
 A rank holds the policy as its strategy says (`rlsched.rl.sharding`), its AdamW optimizer (over
 its shards under fsdp) and its step count. `step` runs one GRPO update on its shard of the batch,
 keeping in step with its peers: replicate sums gradients once, fsdp agrees on the number of passes.
-`published` gathers the new weights, tensor by tensor, as BF16; only rank 0 keeps them, but every
-rank must call it, since each gather is a collective. Collective errors come out as
-`CollectiveFault`s that name the rank.
+`published` gathers the new weights, tensor by tensor, as BF16 safetensors bytes written in
+place; only rank 0 keeps them, but every rank must call it, since each gather is a collective.
+Collective errors come out as `CollectiveFault`s that name the rank.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from rlsched.config import GRPOConfig, TrainerConfig
+from rlsched.model.checkpoint import published_state
+from rlsched.model.writer import SafetensorsWriter, TensorSpec
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.sharding import (
     HeldBytes,
@@ -73,16 +75,24 @@ class RankTrainer:
         self.steps += 1
         return stats
 
-    def published(self, *, everywhere: bool = False) -> dict[str, torch.Tensor] | None:
-        """The policy's weights as BF16 CPU tensors by HF name on rank 0, or on every rank when asked
-        (None on the others)."""
+    def published(self, *, everywhere: bool = False) -> bytearray | None:
+        """The policy's weights as BF16 safetensors bytes on rank 0, or on every rank when asked
+        (None on the others). Each tensor is gathered, cast and written to its place in the file at
+        once (`rlsched.model.writer`): one copy of the weights, plus the tensor in hand."""
         keep = everywhere or self.rank == 0
-        out: dict[str, torch.Tensor] = {}
+        specs = [
+            TensorSpec(name, torch.bfloat16, tuple(tensor.shape))
+            for name, tensor in published_state(self.policy).items()
+        ]
+        writer = SafetensorsWriter(specs, {"format": "pt"}) if keep else None
         with collective_fault(self.rank, "gathering the weights"):
             for name, tensor in full_state(self.policy):
-                if keep:
-                    out[name] = tensor.detach().to("cpu", torch.bfloat16).contiguous()
-        return out if keep else None
+                if writer is not None:
+                    writer.put(name, tensor.detach().to("cpu", torch.bfloat16))
+        if writer is None:
+            return None
+        assert writer.done
+        return writer.buffer
 
     def held(self) -> HeldBytes:
         return held_bytes(self.policy, self.optimizer)

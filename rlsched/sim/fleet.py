@@ -9,6 +9,8 @@ simulator's clock and reports back what happened:
 - A pull crosses the job's weight link (`Link`: the trainer's egress shared max-min fairly with every
   other pull, `rlsched.policy.bandwidth.max_min_rates`, rates recomputed at each start and finish, as
   the weight service paces them), then loads for `load_s`. A job without `weights` pulls at once.
+  With `weights.relay`, a pull the core gave sources crosses its first live source's upload link
+  instead, pipelined behind that source's own transfer (`Transfers`).
 - A routed batch's samples each take their drawn time (a resumed one first prefills its prompt and
   saved tokens); each is reported as it finishes, and the batch's end once the last has.
 - A reclaimed instance's saved tokens are what it had decoded by then.
@@ -50,12 +52,20 @@ class Link:
         self._bits[name], self._caps[name], self._done[name] = 8.0 * nbytes, ingress_bps, done
         self._replan()
 
-    def cancel(self, name: str) -> None:
-        if name in self._bits:
-            self._advance()
-            for d in (self._bits, self._caps, self._done):
-                del d[name]
-            self._replan()
+    def cancel(self, name: str) -> float:
+        """Stop a pull without its callback; the bits it had left (0 if it was not pulling)."""
+        if name not in self._bits:
+            return 0.0
+        self._advance()
+        left = max(self._bits[name], 0.0)
+        for d in (self._bits, self._caps, self._done):
+            del d[name]
+        self._replan()
+        return left
+
+    def drain(self) -> dict[str, float]:
+        """Stop every pull (the link is gone); the bits each had left."""
+        return {name: self.cancel(name) for name in list(self._bits)}
 
     def pulling(self, name: str) -> bool:
         return name in self._bits
@@ -86,6 +96,85 @@ class Link:
         self._replan()
         for cb in callbacks:
             cb()
+
+
+class Transfers:
+    """Every pull's transfer: from the trainer over its egress (`origin`), or from a peer over that
+    peer's own upload link (`upload_bps`, shared max-min by the pulls it feeds). A relayed pull is
+    pipelined: it ends no sooner than one chunk's time after its source's own transfer ends (the
+    store-and-forward hop of `rlsched.policy.bandwidth.chain_finish_s`). A source that leaves hands
+    its downstreams to the trainer, each with what it still lacked (at least what its source did),
+    as the weight client falls back to the origin."""
+
+    def __init__(self, sim: Simulator, origin: Link, upload_bps: float, chunk_bytes: int) -> None:
+        self.sim, self.origin, self.upload_bps, self.chunk_bytes = sim, origin, upload_bps, chunk_bytes
+        self._uploads: dict[str, Link] = {}
+        self._via: dict[str, str | None] = {}  # a transfer in progress -> its source (None: the trainer)
+        self._ingress: dict[str, float] = {}
+        self._done: dict[str, Callable[[], object]] = {}
+        self._behind: dict[str, list[str]] = {}  # a source -> pulls that wait for its transfer to end
+        self._gone: set[str] = set()
+
+    def start(
+        self,
+        name: str,
+        sources: tuple[str, ...],
+        nbytes: float,
+        ingress_bps: float,
+        done: Callable[[], object],
+    ) -> None:
+        self._gone.discard(name)
+        source = next((s for s in sources if s not in self._gone), None)
+        self._via[name], self._ingress[name], self._done[name] = source, ingress_bps, done
+        self._link(source).start(name, nbytes, ingress_bps, partial(self._flowed, name))
+
+    def _link(self, source: str | None) -> Link:
+        if source is None:
+            return self.origin
+        link = self._uploads.get(source)
+        if link is None:
+            link = self._uploads[source] = Link(self.sim, self.upload_bps)
+        return link
+
+    def _flowed(self, name: str) -> None:
+        source = self._via[name]
+        if source is None:
+            self._ended(name)
+        elif source in self._via:  # its source still receives: it ends one hop after the source
+            self._behind.setdefault(source, []).append(name)
+        else:
+            self.sim.after(self._hop_s(name), partial(self._ended, name))
+
+    def _hop_s(self, name: str) -> float:
+        rate = min(self._ingress[name] or self.upload_bps, self.upload_bps)
+        return 8.0 * self.chunk_bytes / rate
+
+    def _ended(self, name: str) -> None:
+        if name not in self._via:  # it left meanwhile
+            return
+        del self._via[name]
+        done = self._done.pop(name)
+        for behind in self._behind.pop(name, []):
+            self.sim.after(self._hop_s(behind), partial(self._ended, behind))
+        done()
+
+    def gone(self, name: str) -> None:
+        """`name` left: its own transfer stops; the pulls it fed go on from the trainer."""
+        self._gone.add(name)
+        lacked = 0.0
+        if name in self._via:
+            lacked = self._link(self._via.pop(name)).cancel(name)
+            self._done.pop(name, None)
+            for waiting in self._behind.values():
+                if name in waiting:
+                    waiting.remove(name)
+        upload = self._uploads.pop(name, None)
+        moved = upload.drain() if upload is not None else {}
+        moved.update((behind, 0.0) for behind in self._behind.pop(name, []))
+        for behind, left in moved.items():
+            self._via[behind] = None
+            rest = max(left, lacked) / 8.0
+            self.origin.start(behind, rest, self._ingress[behind], partial(self._flowed, behind))
 
 
 # one running sample: (start, prefill_s before any new token, saved tokens it started with, its end)
@@ -151,6 +240,7 @@ def fleet_params(cfg: SimJobConfig) -> fx.FleetParams:
         max_staleness=cfg.max_staleness,
         cost=ResumeCost(r.prefill_tokens_per_s, 1.0, r.setup_s),  # each sample's own decode speed
         windows=windows,
+        relay=w.relay_params() if w is not None else None,
     )
 
 
@@ -170,6 +260,12 @@ class SimFleet:
         w = cfg.weights
         self.link = Link(sim, w.egress_gbps * 1e9) if w is not None else None
         self.core = FleetCore(fleet_params(cfg))
+        relay = self.core.params.relay
+        self.transfers = (
+            Transfers(sim, self.link, relay.upload_bps if relay else 1.0, relay.chunk_bytes if relay else 1)
+            if self.link is not None
+            else None
+        )
         self.instances: dict[str, Instance] = {}
         self.ids: list[str] = []  # sample n's request id
         self.tokens: list[float] = []
@@ -239,12 +335,13 @@ class SimFleet:
 
     def _pull(self, e: fx.StartPull) -> None:
         w = self.cfg.weights
-        if self.link is None or w is None:  # no link modelled: it has the version at once
+        if self.transfers is None or w is None:  # no link modelled: it has the version at once
             self._replies.append(fx.PullDone(self.sim.now, e.name, e.version))
             return
         done = partial(self._feed_later, fx.PullDone, e.name, e.version)
         inst = self.instances[e.name]
-        self.link.start(e.name, w.bytes, inst.ingress_bps, partial(self.sim.after, w.load_s, done))
+        loaded = partial(self.sim.after, w.load_s, done)
+        self.transfers.start(e.name, e.sources, w.bytes, inst.ingress_bps, loaded)
 
     def _feed_later(self, kind: type[fx.PullDone], name: str, version: int) -> None:
         self._feed(kind(self.sim.now, name, version))
@@ -260,8 +357,8 @@ class SimFleet:
     def _kill(self, name: str) -> None:
         inst = self.instances[name]
         inst.ended = self.sim.now
-        if self.link is not None:
-            self.link.cancel(name)
+        if self.transfers is not None:
+            self.transfers.gone(name)
         for _, _, _, event in inst.running.values():
             event.cancel()
 
@@ -319,7 +416,9 @@ class SimFleet:
     # -- between iterations -----------------------------------------------------------------------
 
     def publish(self, version: int) -> None:
-        self._feed(fx.Published(self.sim.now, version))
+        self._feed(
+            fx.Published(self.sim.now, version, int(self.cfg.weights.bytes) if self.cfg.weights else 0)
+        )
 
     def reload(self, then: Callable[[], None]) -> None:
         """Every serving instance pulls the latest version; `then` once they all have it."""

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from rlsched.config import TimeoutConfig, TransientInstance
 from rlsched.config_load import Section, load_tree
+from rlsched.core.fleet_io import RelayParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.dists import Constant, Distribution, Uniform
 
@@ -62,6 +63,24 @@ class SimWeightsConfig(Section):
     egress_gbps: float = Field(gt=0, description="the trainer's shared egress, Gbit/s")
     receiver_gbps: float = Field(gt=0, description="each instance's ingress cap, Gbit/s")
     load_s: float = Field(0.0, ge=0, description="load and confirm, after the transfer")
+    relay: bool = Field(
+        False, description="instances relay each version to their peers (the fleet core's plan)"
+    )
+    upload_gbps: float | None = Field(
+        None, ge=0, description="each instance's upload when relaying, Gbit/s; unset: receiver_gbps"
+    )
+    chunk_kb: int = Field(4096, ge=4, description="the relays' chunk, KiB (a hop's store-and-forward delay)")
+
+    @model_validator(mode="after")
+    def _relay_uploads(self) -> SimWeightsConfig:
+        self.relay_params()  # `RelayParams` refuses an upload of 0, naming the fix
+        return self
+
+    def relay_params(self) -> RelayParams | None:
+        if not self.relay:
+            return None
+        upload = self.upload_gbps if self.upload_gbps is not None else self.receiver_gbps
+        return RelayParams(upload * 1e9, self.egress_gbps * 1e9, self.chunk_kb << 10)
 
 
 class SimTransientConfig(TransientInstance):

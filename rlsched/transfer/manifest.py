@@ -71,7 +71,7 @@ class Manifest:
         return index
 
 
-def tensors_of(blob: bytes) -> tuple[TensorInfo, ...]:
+def tensors_of(blob: bytes | bytearray) -> tuple[TensorInfo, ...]:
     """The tensor table of safetensors bytes: an 8-byte little-endian header length, a JSON header."""
     if len(blob) < 8:
         raise ManifestError(f"{len(blob)} bytes are too few for a safetensors file")
@@ -94,7 +94,7 @@ def tensors_of(blob: bytes) -> tuple[TensorInfo, ...]:
     return tuple(sorted(out, key=lambda t: t.start))
 
 
-def build_manifest(version: int, blob: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
+def build_manifest(version: int, blob: bytes | bytearray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
     if chunk_bytes < 1:
         raise ManifestError(f"chunk_bytes must be positive, got {chunk_bytes}")
     view = memoryview(blob)
@@ -125,6 +125,9 @@ class Assembly:
         )
         self.verified = 0  # chunks verified, all of them before the next expected one
         self._confirmed: bool | None = None
+        self._sha = hashlib.sha256()  # the whole-file digest, advanced in order (`digest_through`)
+        self._hashed = 0
+        self._hashing = threading.Lock()
         self._progress = threading.Condition()  # a relay serving this copy waits on it
         self._abandoned = False
 
@@ -182,11 +185,31 @@ class Assembly:
             self._progress.notify_all()
         return Accepted.OK
 
+    def digest_through(self, upto: int) -> None:
+        """Advance the whole-file SHA-256 over the verified bytes up to `upto`. A loader that reads
+        the copy in order as it is verified calls this as it goes, so `confirm` has nothing left
+        to hash when the last chunk lands; otherwise `confirm` hashes it all at the end."""
+        upto = min(upto, self.verified_bytes)
+        with self._hashing:
+            if upto > self._hashed:
+                self._sha.update(memoryview(self.buffer)[self._hashed : upto])
+                self._hashed = upto
+
     def confirm(self) -> bool:
-        """Every chunk verified and the whole checksum equal to the manifest's (hashed once, when
-        the last chunk is in; an instance may serve this version only after this says yes)."""
+        """Every chunk verified and the whole checksum equal to the manifest's (an instance may
+        serve this version only after this says yes)."""
         if not self.complete:
             return False
         if self._confirmed is None:
-            self._confirmed = hashlib.sha256(self.buffer).hexdigest() == self.manifest.sha256
+            self.digest_through(self.manifest.nbytes)
+            with self._hashing:
+                self._confirmed = self._sha.copy().hexdigest() == self.manifest.sha256
         return self._confirmed
+
+    def digest(self) -> str:
+        """The SHA-256 of the whole copy (complete copies only)."""
+        if not self.complete:
+            raise ManifestError(f"the copy of version {self.manifest.version} is not complete")
+        self.digest_through(self.manifest.nbytes)
+        with self._hashing:
+            return self._sha.copy().hexdigest()

@@ -164,7 +164,7 @@ class WeightService(pb_grpc.WeightsServicer):
         return f"{self.host}:{self.port}"
 
     # -- publishing ---------------------------------------------------------------------------
-    def publish(self, version: int, blob: bytes) -> Manifest:
+    def publish(self, version: int, blob: bytes | bytearray) -> Manifest:
         """Hold `blob` as `version` (newer than any held) and drop versions beyond `keep`."""
         manifest = build_manifest(version, blob, self.chunk_bytes)
         self._hold(_Held(blob, manifest, manifest_to_pb(manifest)))

@@ -15,7 +15,7 @@ from safetensors.torch import load
 
 from rlsched.config import GRPOConfig, TrainerConfig
 from rlsched.errors import CollectiveFault
-from rlsched.model.checkpoint import load_checkpoint, state_bytes, to_bf16_bytes
+from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
 from rlsched.rl.rank import RankTrainer
 from rlsched.rl.sharding import join_group
 from rlsched.rl.update import TrainItem
@@ -53,8 +53,8 @@ def _rank(rank: int, address: str, overrides: dict[str, Any], steps: int, queue:
     losses = []
     for _ in range(steps):
         losses.append(trainer.step(items[rank::WORLD], total).loss)  # rank 0: 3 items, rank 1: 2
-    state = trainer.published()  # as bytes: a tensor's shared memory would die with this process
-    queue.put((rank, losses, trainer.held(), None if state is None else state_bytes(state)))
+    blob = trainer.published()  # as bytes: a tensor's shared memory would die with this process
+    queue.put((rank, losses, trainer.held(), None if blob is None else bytes(blob)))
     dist.destroy_process_group()
 
 

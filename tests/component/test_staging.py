@@ -44,7 +44,9 @@ def weights_of(inst: Instance) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in published_state(inst.engine.model).items()}  # type: ignore[attr-defined]
 
 
-def test_a_staged_join_holds_exactly_what_a_whole_load_holds(service: WeightService, blobs: dict[int, bytes]) -> None:
+def test_a_staged_join_holds_exactly_what_a_whole_load_holds(
+    service: WeightService, blobs: dict[int, bytes]
+) -> None:
     staged = instance("staged")
     report = staged.join(service.address, 2)
     assert report.staged and "after staging while it arrived" in report.line()
@@ -53,12 +55,21 @@ def test_a_staged_join_holds_exactly_what_a_whole_load_holds(service: WeightServ
     assert whole.engine.load_weights(blobs[2], WeightVersion(2)) == checksum(blobs[2])
     a, b = weights_of(staged), weights_of(whole)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    back = staged.join(service.address, 1)  # a fresh buffer: the live weights are never written over
+    assert back.staged and int(staged.engine.version) == 1
+    whole.engine.load_weights(blobs[1], WeightVersion(1))
+    a, b = weights_of(staged), weights_of(whole)
+    assert all(torch.equal(a[k], b[k]) for k in a)
     model = staged.engine.model  # type: ignore[attr-defined]
     if model.config.tie_word_embeddings:  # the head still shares the embedding's new tensor
-        assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+        assert (
+            model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+        )
 
 
-def test_the_stage_swaps_nothing_until_every_tensor_is_in_and_refuses_strangers(blobs: dict[int, bytes]) -> None:
+def test_the_stage_swaps_nothing_until_every_tensor_is_in_and_refuses_strangers(
+    blobs: dict[int, bytes],
+) -> None:
     model = load_checkpoint(None).model
     before = {k: v.clone() for k, v in published_state(model).items()}
     swapped: list[bool] = []
@@ -76,7 +87,9 @@ def test_the_stage_swaps_nothing_until_every_tensor_is_in_and_refuses_strangers(
         stage.put(first.name, torch.zeros(3, 3))
 
 
-def test_staging_follows_the_verified_prefix_and_stops_when_the_pull_is_abandoned(blobs: dict[int, bytes]) -> None:
+def test_staging_follows_the_verified_prefix_and_stops_when_the_pull_is_abandoned(
+    blobs: dict[int, bytes],
+) -> None:
     m = build_manifest(2, blobs[2], chunk_bytes=64 << 10)
     assembly = Assembly(m)
     got: list[str] = []

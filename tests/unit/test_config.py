@@ -196,3 +196,11 @@ def test_a_training_state_that_does_not_fit_is_refused_with_the_numbers() -> Non
         UserError, match=r"7.45 GiB per rank x 2 ranks on one node, but host memory has 12.00"
     ):
         refuse_if_it_does_not_fit(params, packed, 12 * gib, "host memory")
+
+
+def test_relays_with_an_upload_of_zero_are_refused_and_an_unset_upload_is_the_receivers() -> None:
+    with pytest.raises(UserError, match=r"upload_gbps is 0: a receiver that cannot upload.*relay: false"):
+        load_config(None, ["weights.relay=true", "weights.upload_gbps=0"])
+    relay = load_config(None, ["weights.relay=true", "weights.receiver_gbps=2"]).weights.relay_params()
+    assert relay is not None and relay.upload_bps == 2e9 and relay.egress_bps == 10e9  # unshaped egress
+    assert load_config(None, ["weights.upload_gbps=0"]).weights.relay_params() is None  # relays off

@@ -361,3 +361,48 @@ def test_nothing_is_admissible_before_a_publish_and_a_negative_bound_is_refused(
     assert not WeightBook(3).admissible(0)
     with pytest.raises(ValueError, match="at least 0"):
         WeightBook(-1)
+
+
+RELAY = fx.RelayParams(upload_bps=0.5e9, egress_bps=0.5e9, chunk_bytes=4 << 20)
+
+
+def test_a_reload_with_relays_follows_the_plans_pipelined_chain() -> None:
+    """E = r = u: the plan is one chain, so each instance pulls from the one before it."""
+    c = FleetCore(fx.FleetParams(relay=RELAY))
+    for name in "abcd":
+        c.handle(fx.Added(0.0, name, 0.5e9))
+    c.handle(fx.Published(1.0, 0, nbytes=269_000_000))
+    pulls = only(c.handle(fx.ReloadAsked(2.0)), fx.StartPull)
+    assert [p.sources for p in pulls] == [(), ("a",), ("b",), ("c",)]
+    assert c.weights.sources("c") == ("b",)
+    for name in "abcd":
+        c.handle(fx.PullDone(3.0, name, 0))
+    assert c.weights.sources("c") == ()  # a finished pull draws on nobody
+
+
+def test_without_relays_every_pull_is_from_the_trainer_alone() -> None:
+    c = core(ready=3)
+    c.handle(fx.Published(1.0, 1))
+    assert {p.sources for p in only(c.handle(fx.ReloadAsked(2.0)), fx.StartPull)} == {()}
+    assert only(c.handle(fx.Added(3.0, "late")), fx.StartPull)[0].sources == ()
+
+
+def test_a_lone_joiner_pulls_from_peers_only_while_they_would_feed_it_as_fast_as_the_trainer() -> None:
+    """Uploads of 0.5 Gbit/s, the trainer's egress 0.25: holders before pullers, least loaded first."""
+    c = core(ready=2, relay=fx.RelayParams(upload_bps=0.5e9, egress_bps=0.25e9))
+    (first,) = only(c.handle(fx.Added(1.0, "j1")), fx.StartPull)
+    assert first.sources == ("rollout-0", "rollout-1")  # both hold it, both idle: by name
+    (second,) = only(c.handle(fx.Added(1.0, "j2")), fx.StartPull)
+    assert second.sources == ("rollout-1", "rollout-0")  # rollout-0 already feeds j1
+    c.handle(fx.Reclaimed(2.0, "rollout-1", Leave.PREEMPTED, "reclaimed"))
+    (third,) = only(c.handle(fx.Added(2.0, "j3")), fx.StartPull)
+    assert third.sources == ("rollout-0", "j1")  # half of 0.5 ties the trainer's 0.25; then a puller
+    (fourth,) = only(c.handle(fx.Added(2.0, "j4")), fx.StartPull)
+    assert fourth.sources == ()  # a third of rollout-0's upload is less than the idle trainer's egress
+    assert c.weights.fed_by(None) == ["j4"] and c.weights.fed_by("rollout-0") == ["j1", "j3"]
+
+
+@pytest.mark.parametrize("upload", [0.0, -1e9])
+def test_relays_with_no_upload_are_refused_with_the_fix(upload: float) -> None:
+    with pytest.raises(ValueError, match=r"upload_gbps is -?[01]:.*relay: false"):
+        fx.RelayParams(upload_bps=upload, egress_bps=1e9)

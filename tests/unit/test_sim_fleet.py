@@ -9,6 +9,8 @@ import pytest
 
 from rlsched.errors import UserError
 from rlsched.metrics.spans import SpanKind
+from rlsched.sim.engine import Simulator
+from rlsched.sim.fleet import Link, Transfers
 from rlsched.sim.rljob import simulate
 from rlsched.sim.scenario import load_scenario
 
@@ -57,3 +59,40 @@ def test_elastic_scenarios_need_a_link_and_the_token_model() -> None:
     link = ["jobs.0.weights.bytes=1e9", "jobs.0.weights.egress_gbps=10", "jobs.0.weights.receiver_gbps=10"]
     with pytest.raises(UserError, match="needs the token model"):
         load_scenario(None, ["jobs.0.generate_s=1", *link])
+
+
+def test_relayed_joiners_take_the_peers_uploads_while_those_are_as_fast_as_the_egress() -> None:
+    """Six joiners, 50 Gbit/s links and a 200 Gbit/s egress: two pull from the static instances'
+    uploads, four from the trainer, every one at its 50 Gbit/s cap (the trainer alone: 33.3 each)."""
+    cfg = load_scenario(SCENARIO, ["seeds=1", "jobs.0.weights.relay=true"])
+    run = simulate(cfg, seed=0)
+    joiners = [life for n, life in run.instances.items() if "transient-0." in n]
+    assert len(joiners) == 6
+    for life in joiners:
+        assert life["preparing_s"] == pytest.approx(16_381_470_720 * 8 / 50e9 + 5.0, abs=0.01)
+
+
+def test_relays_with_zero_upload_are_refused_naming_the_fix() -> None:
+    with pytest.raises(UserError, match=r"upload_gbps is 0.*relay: false"):
+        load_scenario(SCENARIO, ["jobs.0.weights.relay=true", "jobs.0.weights.upload_gbps=0"])
+
+
+def transfers() -> tuple[Simulator, Transfers, dict[str, float]]:
+    sim = Simulator(seed=0)
+    t = Transfers(sim, Link(sim, 8e9), upload_bps=8e9, chunk_bytes=10_000_000)  # 1 GB/s; a hop: 10 ms
+    return sim, t, {}
+
+
+def test_a_chain_of_relays_ends_one_hop_after_another_and_a_dead_relay_hands_back_to_the_trainer() -> None:
+    sim, t, done = transfers()
+    for name, sources in (("a", ()), ("b", ("a",)), ("c", ("b",))):
+        t.start(name, sources, 1e9, 8e9, lambda name=name: done.setdefault(name, sim.now))
+    sim.run()
+    assert done == pytest.approx({"a": 1.0, "b": 1.01, "c": 1.02})  # chain_finish_s: S/r + hops
+
+    sim, t, done = transfers()
+    for name, sources in (("a", ()), ("b", ("a",)), ("c", ("b",))):
+        t.start(name, sources, 1e9, 8e9, lambda name=name: done.setdefault(name, sim.now))
+    sim.at(0.5, lambda: t.gone("b"))  # b dies halfway: c takes its last half from the trainer,
+    sim.run()  # which a still shares with it (0.5 GB each at 0.5 GB/s)
+    assert done == pytest.approx({"a": 1.5, "c": 1.5}) and "b" not in done
