@@ -223,7 +223,7 @@ class Fleet:
         self.spans.extend(pull_spans(e, report))
         if e.why is fx.PullWhy.JOIN:
             self.join_reports.append(report)
-            self.log(report.line())
+            self.log(report.line({addr: name for name, addr in self.relays.items() if isinstance(addr, str)}))
 
     # -- what the controller asks ------------------------------------------------------------------
 

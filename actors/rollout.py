@@ -79,7 +79,6 @@ class JoinReport:
     sources: tuple[str, ...] = ()  # the services (relays, then the origin) that delivered bytes
     relayed: bool = False  # a peer delivered some of it
 
-
     @property
     def transfer_s(self) -> float:
         return self.transfer[1] - self.transfer[0]
@@ -88,13 +87,17 @@ class JoinReport:
     def gbps(self) -> float:
         return 8.0 * self.nbytes / max(self.transfer_s, 1e-9) / 1e9
 
-    def line(self) -> str:
+    def line(self, names: dict[str, str] | None = None) -> str:
+        """One log line; `names` labels the services that delivered (address -> name; the trainer
+        if not named)."""
         load_s = self.load[1] - self.load[0]
         confirm_s = self.confirm[1] - self.confirm[0]
+        label = names or {}
+        sources = " then ".join(label.get(s, "the trainer") for s in self.sources)
         return (
             f"{self.instance} joined at v{self.version}: transfer {self.transfer_s:.2f} s "
             f"({self.nbytes / 1e6:.1f} MB at {self.gbps:.3f} Gbit/s, {self.streams} stream(s)"
-            f"{', relayed by ' + ' then '.join(self.sources) if self.relayed else ''}), "
+            f"{', from ' + sources if self.relayed else ''}), "
             f"load {load_s:.3f} s{' after staging while it arrived' if self.staged else ''}, "
             f"confirm {confirm_s:.3f} s"
         )

@@ -147,5 +147,7 @@ def test_a_peer_pulls_through_a_relaying_instance_and_both_confirm(
     first.join(60)
     assert reports["relay"].sources == (service.address,)
     assert reports["behind"].sources[0] == relay_address  # the peer delivered first
+    assert reports["behind"].relayed and ", from relay" in reports["behind"].line({relay_address: "relay"})
+    assert not reports["relay"].relayed
     assert int(behind.engine.version) == 2 and behind.state is InstanceState.READY
     assert relay.release() == "released"
