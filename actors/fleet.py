@@ -97,7 +97,8 @@ class Fleet:
         self.handles: dict[str, Any] = {}
         self.ingress: dict[str, float] = {}
         self.pulls: dict[str, Any] = {}  # instance -> its `join` call in flight
-        self.relays: dict[str, Any] = {}  # instance -> its relay's address (a ref until first read)
+        self._relay_refs: dict[str, Any] = {}  # instance -> its `start_relay` call, until first read
+        self.relays: dict[str, str] = {}  # instance -> its relay's address
         self.streams: dict[str, Any] = {}  # instance -> its streaming `generate` call
         self.requests: dict[str, GenerationRequest] = {}  # this iteration's, by id
         self.join_reports: list[JoinReport] = []
@@ -141,6 +142,7 @@ class Fleet:
                 self.pulls.pop(e.name, None)
                 self.streams.pop(e.name, None)
                 self.relays.pop(e.name, None)
+                self._relay_refs.pop(e.name, None)
                 ray.kill(self.handles[e.name])
             case fx.ReadSaved():
                 self._replies.append(fx.SavedRead(self.clock(), e.name, self.resumes.read(e.requests)))
@@ -177,24 +179,20 @@ class Fleet:
         self.ingress[e.name] = e.ingress_bps
         relay = self.core.params.relay
         if relay is not None:
-            self.relays[e.name] = self.handles[e.name].start_relay.remote(relay.upload_bps)
+            self._relay_refs[e.name] = self.handles[e.name].start_relay.remote(relay.upload_bps)
 
     def _relay_addresses(self, names: Sequence[str]) -> list[str]:
         """The relay addresses of `names` (each started with its actor; one that failed is left out:
         the pull goes on to the next source)."""
-        out = []
         for name in names:
-            ref = self.relays.get(name)
-            if ref is not None and not isinstance(ref, str):
-                try:
-                    self.relays[name] = ref = ray.get(ref, timeout=60)
-                except (ray.exceptions.RayError, TimeoutError) as err:
-                    self.log(f"{name}'s relay is not available ({err}); its peers pull elsewhere")
-                    self.relays.pop(name)
-                    continue
-            if isinstance(ref, str):
-                out.append(ref)
-        return out
+            ref = self._relay_refs.pop(name, None)
+            if ref is None:
+                continue
+            try:
+                self.relays[name] = ray.get(ref, timeout=60)
+            except (ray.exceptions.RayError, TimeoutError) as err:
+                self.log(f"{name}'s relay is not available ({err}); its peers pull elsewhere")
+        return [self.relays[name] for name in names if name in self.relays]
 
     def _pull(self, e: fx.StartPull) -> None:
         assert self.latest is not None and self.latest.version == e.version
@@ -223,7 +221,7 @@ class Fleet:
         self.spans.extend(pull_spans(e, report))
         if e.why is fx.PullWhy.JOIN:
             self.join_reports.append(report)
-            self.log(report.line({addr: name for name, addr in self.relays.items() if isinstance(addr, str)}))
+            self.log(report.line({addr: name for name, addr in self.relays.items()}))
 
     # -- what the controller asks ------------------------------------------------------------------
 

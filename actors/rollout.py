@@ -210,17 +210,20 @@ class Instance:
             f"{self.instance_id}: gave up on version {version} after {attempts} pulls: {problem}"
         )
 
-    def _load(self, staged: _StagedLoad, buffer: bytearray, version: int, confirmed: bool) -> str:
+    def _load(
+        self, staged: _StagedLoad, buffer: bytearray, version: int, confirmed: bool
+    ) -> str | StagingError:
         """The checksum of what the engine now holds: the staged copy swapped in (only if the pull
-        confirmed the whole version), or the whole buffer loaded at once."""
+        confirmed the whole version), or the whole buffer loaded at once; why a staged version
+        could not be swapped in, as a value."""
         if staged.staged:
-            if not confirmed:
+            if not confirmed:  # `_mismatch` reports the pull; nothing is swapped in
                 staged.cancel()
-                return "not loaded: the pull did not confirm"
+                return StagingError("the pull did not confirm")
             try:
                 return staged.commit()
             except StagingError as err:
-                return f"not loaded: {err}"
+                return err
         return self.engine.load_weights(bytes(buffer), WeightVersion(version))
 
     def _pull(
@@ -266,13 +269,13 @@ class Instance:
         return pulled.stats, pulled.assembly.buffer, pulled.assembly.manifest.sha256, version
 
     @staticmethod
-    def _mismatch(stats: PullStats, published: str, loaded: str, version: int) -> str | None:
+    def _mismatch(stats: PullStats, published: str, loaded: str | StagingError, version: int) -> str | None:
         if stats.version != version:
             return f"the service sent version {stats.version} when {version} was asked for"
         if not stats.confirmed:
             return "the bytes received do not match the published SHA-256"
-        if loaded.startswith("not loaded"):
-            return f"the engine did not take the version ({loaded})"
+        if isinstance(loaded, StagingError):
+            return f"the engine did not take the version (not loaded: {loaded})"
         if loaded != published:
             return f"the engine loaded checksum {loaded[:12]}, the published one is {published[:12]}"
         return None

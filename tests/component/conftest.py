@@ -1,7 +1,9 @@
-"""Component fixtures: the tiny Llama (tests/tiny_models.py; `tiny_dirs` lives in tests/conftest.py)."""
+"""Component fixtures: the tiny Llama (tests/tiny_models.py; `tiny_dirs` lives in tests/conftest.py),
+and a weight service holding a module's `blobs` (versions by number, each module's own)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import torch
 
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import Checkpoint, load_checkpoint
+from rlsched.transfer.service import WeightService
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -32,3 +35,13 @@ def tiny_model(tiny: Checkpoint) -> Any:
 def engine(tiny_dirs: dict[str, Path]) -> TorchRolloutEngine:
     ck = load_checkpoint(tiny_dirs["llama"])
     return TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=64, seed=3)
+
+
+@pytest.fixture
+def service(blobs: dict[int, bytes]) -> Iterator[WeightService]:
+    """A weight service (64 KiB chunks) that has published the requesting module's `blobs`."""
+    svc = WeightService(chunk_bytes=64 << 10)
+    for v, blob in blobs.items():
+        svc.publish(v, blob)
+    yield svc
+    svc.close()

@@ -8,7 +8,6 @@ serves. While generating, it saves each request's new tokens to the durable stor
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -30,15 +29,6 @@ def blobs() -> dict[int, bytes]:
     for p in model.parameters():  # a second, different version
         p.data.mul_(1.01)
     return {1: first, 2: to_bf16_bytes(model)}
-
-
-@pytest.fixture
-def service(blobs: dict[int, bytes]) -> Iterator[WeightService]:
-    svc = WeightService(chunk_bytes=64 << 10)
-    for v, blob in blobs.items():
-        svc.publish(v, blob)
-    yield svc
-    svc.close()
 
 
 def instance(tmp_path: Path | None = None) -> Instance:

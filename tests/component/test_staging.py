@@ -4,7 +4,6 @@ in at once; instances relay what they pull to their peers. Real weight services,
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,15 +24,6 @@ def blobs() -> dict[int, bytes]:
     for p in model.parameters():
         p.data.add_(0.01 * torch.randn_like(p))
     return {1: first, 2: to_bf16_bytes(model)}
-
-
-@pytest.fixture
-def service(blobs: dict[int, bytes]) -> Iterator[WeightService]:
-    svc = WeightService(chunk_bytes=64 << 10)
-    for v, blob in blobs.items():
-        svc.publish(v, blob)
-    yield svc
-    svc.close()
 
 
 def instance(name: str) -> Instance:
