@@ -3,6 +3,7 @@ relaying, against the peer-to-peer bound.
 
     .venv/bin/python scripts/bench_fanout.py [--receivers 1 2 4 8] [--gbps 0.5] [--chunk-kb 4096]
         [--checkpoint models/smollm2-135m-instruct] [--modes sender relay] [--ready]
+        [--loads sequential staged]
 
 Workload: SmolLM2-135M's BF16 safetensors bytes (269 MB; random bytes of the same size where the
 checkpoint is not imported), published by a `WeightService` in its own process with its egress
@@ -225,14 +226,17 @@ def ready_main(args: Any) -> None:
         for n in args.receivers:
             pair = {}
             for staged in (False, True):
-                pair[staged] = run_ready(args, n, mode == "relay", staged)
-                print(pair[staged], flush=True)
+                if ("staged" if staged else "sequential") in args.loads:
+                    pair[staged] = run_ready(args, n, mode == "relay", staged)
+                    print(pair[staged], flush=True)
+            rows += pair.values()
+            if len(pair) < 2:
+                continue
             seq, pip = pair[False], pair[True]
             # the (transfer + sequential load - staged READY) / sequential load, with the
             # staged run's own transfer (conservative: staging also spares the confirm's hashing)
             hidden = (pip["transfer_s"] + seq["load_tail_s"] - pip["ready_s"]) / max(seq["load_tail_s"], 1e-9)
             pip["hidden"] = round(hidden, 3)
-            rows += [seq, pip]
     nbytes = rows[0]["bytes"]
     table(
         width=130,
@@ -292,6 +296,13 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, default=Path("models/smollm2-135m-instruct"))
     ap.add_argument("--modes", nargs="+", choices=["sender", "relay"], default=["relay", "sender"])
     ap.add_argument("--ready", action="store_true", help="whole updates to rollout instances, until READY")
+    ap.add_argument(
+        "--loads",
+        nargs="+",
+        choices=["sequential", "staged"],
+        default=["sequential", "staged"],
+        help="with --ready: which loads to run (hidden needs both)",
+    )
     args = ap.parse_args()
     if args.ready:
         ready_main(args)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, NewType, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from rlsched.transfer.manifest import Buffer
+
 RequestId = NewType("RequestId", str)
 WeightVersion = NewType("WeightVersion", int)
 
@@ -133,8 +135,13 @@ class RolloutEngine(Protocol):
     @property
     def context_length(self) -> int: ...
 
-    def load_weights(self, blob: bytes, version: WeightVersion) -> str:
+    def load_weights(self, blob: bytes | Buffer, version: WeightVersion) -> str:
         """Load BF16 safetensors bytes as `version`; return the checksum of what was loaded."""
+        ...
+
+    def pull_buffer(self, nbytes: int) -> Buffer | None:
+        """A buffer to pull a version into that `load_weights` then takes without copying it (vLLM:
+        a file in shared memory that its workers map); None where any buffer will do."""
         ...
 
     def stage(self, version: WeightVersion) -> WeightStage | None:

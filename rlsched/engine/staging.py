@@ -27,7 +27,7 @@ import torch
 
 from rlsched.engine.protocol import WeightStage
 from rlsched.model.checkpoint import published_state
-from rlsched.transfer.manifest import Assembly, TensorInfo
+from rlsched.transfer.manifest import Assembly, Buffer, TensorInfo
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
@@ -82,7 +82,7 @@ class ModelStage:
             self._model.get_buffer(name).copy_(staged)
 
 
-def tensor_of(buffer: bytearray | memoryview, info: TensorInfo) -> torch.Tensor:
+def tensor_of(buffer: Buffer | memoryview, info: TensorInfo) -> torch.Tensor:
     """A view of one tensor's bytes in `buffer` (no copy)."""
     dtype = DTYPES.get(info.dtype)
     if dtype is None:

@@ -60,6 +60,7 @@ from rlsched.engine.sampling import RowSamplers, select_tokens
 from rlsched.engine.staging import ModelStage
 from rlsched.model.checkpoint import checksum, load_state_bytes
 from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from rlsched.transfer.manifest import Buffer
 
 
 @dataclass
@@ -150,11 +151,16 @@ class TorchRolloutEngine:
     def context_length(self) -> int:
         return self._context
 
-    def load_weights(self, blob: bytes, version: WeightVersion) -> str:
+    def load_weights(self, blob: bytes | Buffer, version: WeightVersion) -> str:
+        data = blob if isinstance(blob, bytes) else bytes(blob)  # safetensors decodes from bytes
         with self._step:
-            load_state_bytes(self.model, blob)
+            load_state_bytes(self.model, data)
             self._version = WeightVersion(version)
-        return checksum(blob)
+        return checksum(data)
+
+    def pull_buffer(self, nbytes: int) -> None:
+        """None: the torch engine loads from any buffer (and stages from the pull's own)."""
+        return None
 
     def stage(self, version: WeightVersion) -> ModelStage:
         """A staging copy for `version`, filled while generation goes on and swapped in between two

@@ -9,9 +9,11 @@ sampled tokens' under the raw model distribution (vLLM's default `raw_logprobs`)
 request's saved tokens are prefilled with its prompt and their log-probabilities recomputed from the
 prompt log-probs. `abort` ends a request with `FinishReason.ABORT`, keeping its tokens.
 
-Weights: `load_weights` writes the BF16 safetensors bytes once to a file in shared memory
-(`/dev/shm`) and hands its path to every worker through `collective_rpc`
-(`rlsched.engine.vllm_ext.RlschedWeights`). Each worker maps the file, loads the tensors by their
+Weights: a version's BF16 safetensors bytes lie in a file in shared memory (`/dev/shm`) whose path
+goes to every worker through `collective_rpc` (`rlsched.engine.vllm_ext.RlschedWeights`). A rollout
+instance pulls straight into such a file (`pull_buffer`: the file, mapped writable), so the bytes
+are never copied between the socket and the workers; bytes from elsewhere are written to a
+temporary file first. Each worker maps the file, loads the tensors by their
 Hugging Face names straight from the mapping and returns the checksum it computed there; then the
 prefix cache is reset (cached KV came from the old weights). The bytes used to travel as the RPC's
 argument, pickled and copied on the way (5-6x the torch engine's load of the same bytes). The
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import mmap
 import os
 import queue
 import sys
@@ -52,6 +55,7 @@ from rlsched.engine.protocol import (
 from rlsched.errors import UserError
 from rlsched.model.checkpoint import CheckpointInfo, inspect_checkpoint
 from rlsched.model.tokenizer import Tokenizer
+from rlsched.transfer.manifest import Buffer
 
 MIN_HEAD_DIM = 32  # the smallest head dimension vLLM's CPU attention supports
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -95,7 +99,7 @@ SHARED_MEMORY = Path("/dev/shm")
 
 
 @contextlib.contextmanager
-def shared_file(blob: bytes) -> Iterator[Path]:
+def shared_file(blob: bytes | Buffer) -> Iterator[Path]:
     """The bytes in a file in shared memory (the system's temporary folder where there is no
     /dev/shm) for the engine's workers to map; removed when the block ends."""
     where = SHARED_MEMORY if SHARED_MEMORY.is_dir() else Path(tempfile.gettempdir())
@@ -106,6 +110,44 @@ def shared_file(blob: bytes) -> Iterator[Path]:
         yield Path(name)
     finally:
         os.unlink(name)
+
+
+class _SharedFiles:
+    """The files in shared memory that this engine handed out as pull buffers, by mapping. After a
+    load from one, the older ones are unlinked (a relay may still serve from their mappings, which
+    outlive the names); the rest go with the engine."""
+
+    def __init__(self) -> None:
+        self._paths: list[tuple[mmap.mmap, Path]] = []
+
+    def new(self, nbytes: int) -> mmap.mmap:
+        where = SHARED_MEMORY if SHARED_MEMORY.is_dir() else Path(tempfile.gettempdir())
+        fd, name = tempfile.mkstemp(prefix="rlsched-pull-", suffix=".safetensors", dir=where)
+        try:
+            os.ftruncate(fd, nbytes)
+            mapping = mmap.mmap(fd, nbytes)  # shared: what the pull writes is what the workers read
+        except OSError:
+            os.unlink(name)
+            raise
+        finally:
+            os.close(fd)
+        self._paths.append((mapping, Path(name)))
+        return mapping
+
+    def path_of(self, blob: object) -> Path | None:
+        return next((path for mapping, path in self._paths if mapping is blob), None)
+
+    def loaded(self, blob: object) -> None:
+        """`blob` is now the engine's version: drop the files handed out before it."""
+        at = next(i for i, (mapping, _) in enumerate(self._paths) if mapping is blob)
+        for _, path in self._paths[:at]:
+            path.unlink(missing_ok=True)
+        del self._paths[:at]
+
+    def close(self) -> None:
+        for _, path in self._paths:
+            path.unlink(missing_ok=True)
+        self._paths.clear()
 
 
 @dataclass
@@ -138,6 +180,7 @@ class VllmRolloutEngine:
         self.tokenizer = Tokenizer.from_dir(checkpoint)
         self._context = info.context_length
         self._version = WeightVersion(version)
+        self._shared = _SharedFiles()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
@@ -171,15 +214,28 @@ class VllmRolloutEngine:
         return self._context
 
     # -- weights ----------------------------------------------------------------------------------
-    def load_weights(self, blob: bytes, version: WeightVersion) -> str:
-        with shared_file(blob) as path:  # a path crosses the RPC, not the bytes
-            answers = self._call(self._engine.collective_rpc("rlsched_load_file", args=(str(path),)))
+    def pull_buffer(self, nbytes: int) -> mmap.mmap:
+        """A file in shared memory, mapped: the pull writes the version there and the workers load
+        it from the same pages."""
+        return self._shared.new(nbytes)
+
+    def load_weights(self, blob: bytes | Buffer, version: WeightVersion) -> str:
+        path = self._shared.path_of(blob)
+        if path is not None:  # pulled into one of this engine's files: nothing to copy
+            answers = self._load_file(path)
+            self._shared.loaded(blob)
+        else:
+            with shared_file(blob) as path:  # a path crosses the RPC, not the bytes
+                answers = self._load_file(path)
         sums = {a[0] for a in answers}
         if len(sums) != 1:
             raise RuntimeError(f"vLLM workers loaded different bytes: {sorted(sums)}")
         self._call(self._engine.reset_prefix_cache())
         self._version = WeightVersion(version)
         return str(sums.pop())
+
+    def _load_file(self, path: Path) -> list[Any]:
+        return list(self._call(self._engine.collective_rpc("rlsched_load_file", args=(str(path),))))
 
     def stage(self, version: WeightVersion) -> None:
         """None: vLLM takes a version whole, from one shared file (its engine processes own the
@@ -310,6 +366,7 @@ class VllmRolloutEngine:
         """Stop vLLM's processes now (not at interpreter exit, when its finaliser cannot run). On the
         engine's own loop: there its output handler is cancelled before the engine process goes,
         instead of failing with EngineDeadError."""
+        self._shared.close()
         engine, self._engine = self._engine, None
         if engine is not None:
             self._call(self._stop(engine), timeout=120)

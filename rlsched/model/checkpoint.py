@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from rlsched.errors import UserError
 from rlsched.model.template import PromptFormat, resolve_prompt_format
 from rlsched.model.tokenizer import Tokenizer
+from rlsched.model.writer import TensorSpec, layout
 
 BASE_CHECKPOINT = Path(__file__).resolve().parent / "base"
 IMPORTED_SMOLLM2 = "smollm2-135m-instruct"  # the directory `rlsched model import smollm2` writes
@@ -294,6 +295,16 @@ def published_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         seen.add(key)
         out[name] = tensor
     return out
+
+
+def published_specs(model: torch.nn.Module) -> list[TensorSpec]:
+    """What a published version of `model` holds: each tensor of `published_state`, in BF16."""
+    return [TensorSpec(name, torch.bfloat16, tuple(t.shape)) for name, t in published_state(model).items()]
+
+
+def published_nbytes(model: torch.nn.Module) -> int:
+    """The size of a published version of `model` (its BF16 safetensors file), from shapes alone."""
+    return layout(published_specs(model), {"format": "pt"}).nbytes
 
 
 def to_bf16_bytes(model: torch.nn.Module) -> bytes:

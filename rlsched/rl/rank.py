@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from rlsched.config import GRPOConfig, TrainerConfig
-from rlsched.model.checkpoint import published_state
-from rlsched.model.writer import SafetensorsWriter, TensorSpec
+from rlsched.model.checkpoint import published_specs
+from rlsched.model.writer import SafetensorsWriter
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.sharding import (
     HeldBytes,
@@ -80,11 +80,7 @@ class RankTrainer:
         (None on the others). Each tensor is gathered, cast and written to its place in the file at
         once (`rlsched.model.writer`): one copy of the weights, plus the tensor in hand."""
         keep = everywhere or self.rank == 0
-        specs = [
-            TensorSpec(name, torch.bfloat16, tuple(tensor.shape))
-            for name, tensor in published_state(self.policy).items()
-        ]
-        writer = SafetensorsWriter(specs, {"format": "pt"}) if keep else None
+        writer = SafetensorsWriter(published_specs(self.policy), {"format": "pt"}) if keep else None
         with collective_fault(self.rank, "gathering the weights"):
             for name, tensor in full_state(self.policy):
                 if writer is not None:

@@ -25,7 +25,16 @@ import grpc
 
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer import weights_pb2_grpc as pb_grpc
-from rlsched.transfer.manifest import LATEST, Accepted, Assembly, ChunkInfo, Manifest, TensorInfo
+from rlsched.transfer.manifest import (
+    LATEST,
+    Accepted,
+    Assembly,
+    Buffer,
+    ChunkInfo,
+    Manifest,
+    TensorInfo,
+    blank,
+)
 from rlsched.transfer.plane import Plane
 from rlsched.transfer.service import GRPC_OPTIONS
 
@@ -120,18 +129,20 @@ class WeightClient:
         max_fruitless: int = 3,
         stall_s: float = 30.0,
         on_progress: Callable[[int], None] | None = None,
-        buffer: bytearray | None = None,
+        buffer: Buffer | None = None,
         relays: Sequence[str] = (),
         on_assembly: Callable[[Assembly], None] | None = None,
+        allocate: Callable[[int], Buffer] = blank,
     ) -> Pulled:
         """Every byte of `version`, verified; see the module docstring for faults. `buffer`: receive
         into this one if it has the version's size (reuse the previous version's). `relays`: peers to
         pull from first, in order, each until its stream ends; the rest comes from this service
         (the origin, whose manifest every chunk is checked against). `on_assembly` gets the copy
-        before the first byte arrives (a receiver that relays starts serving it there)."""
+        before the first byte arrives (a receiver that relays starts serving it there). `allocate`
+        makes the buffer where `buffer` does not fit."""
         started = time.monotonic()
         manifest = self.manifest(version)
-        assembly = Assembly(manifest, buffer)
+        assembly = Assembly(manifest, buffer, allocate)
         if on_assembly is not None:
             on_assembly(assembly)
         request = pb.PullRequest(version=manifest.version, receiver=receiver, ingress_bps=ingress_bps)

@@ -43,7 +43,7 @@ import grpc
 
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer import weights_pb2_grpc as pb_grpc
-from rlsched.transfer.manifest import DEFAULT_CHUNK_BYTES, LATEST, Assembly, Manifest, build_manifest
+from rlsched.transfer.manifest import DEFAULT_CHUNK_BYTES, LATEST, Assembly, Buffer, Manifest, build_manifest
 from rlsched.transfer.shaping import LinkShaper, Pace, SlowReceiver
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class Faults:
 
 @dataclass(frozen=True)
 class _Held:
-    blob: bytes | bytearray
+    blob: bytes | Buffer
     manifest: Manifest
     pb: pb.Manifest
     assembly: Assembly | None = None  # a relayed copy: only its verified prefix may be sent

@@ -140,3 +140,16 @@ def test_an_instance_whose_engine_cannot_start_fails_its_join_with_the_reason(se
     ):
         inst.join(service.address, 1)
     assert inst.state is InstanceState.RELEASED
+
+
+def test_each_pull_lands_in_a_buffer_made_ahead_and_the_next_one_is_made_after(
+    service: WeightService, blobs: dict[int, bytes]
+) -> None:
+    inst = instance()  # a staged torch engine keeps each version's bytes as its weights
+    first = inst._spare
+    assert first is not None and len(first.take() or b"") == len(blobs[1])  # the size, from shapes alone
+    inst.join(service.address, 1)
+    assert inst._buffer is first.take()  # the pull used it: no page mapped while the bytes arrived
+    assert inst._spare is not None and inst._spare is not first  # and the next one is on its way
+    inst.join(service.address, 2)
+    assert int(inst.engine.version) == 2 and bytes(inst._buffer or b"") == blobs[2]

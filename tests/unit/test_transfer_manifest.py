@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save
 
-from rlsched.transfer.manifest import Accepted, Assembly, ManifestError, build_manifest, tensors_of
+from rlsched.transfer.manifest import (
+    Accepted,
+    Assembly,
+    ManifestError,
+    blank,
+    build_manifest,
+    prefaulted,
+    tensors_of,
+)
 
 
 def weights(seed: int = 0, n: int = 5) -> bytes:
@@ -75,3 +83,12 @@ def test_any_chunking_reassembles_exactly_despite_breaks(chunk: int, seed: int, 
         for c in m.chunks[m.chunk_at(start) : m.chunk_at(start) + data.draw(st.integers(1, 5))]:
             assert a.accept(c.offset, blob[c.offset : c.offset + c.length]) is Accepted.OK
     assert a.confirm() and bytes(a.buffer) == blob
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4095, 4097, (16 << 20) + 3])
+def test_blank_and_prefaulted_buffers_are_zeros_of_the_size_and_writable(nbytes: int) -> None:
+    for buffer in (blank(nbytes), prefaulted(nbytes)):
+        assert len(buffer) == nbytes and bytes(buffer) == bytes(nbytes)
+        if nbytes:
+            buffer[nbytes - 1 : nbytes] = b"\x07"
+            assert buffer[nbytes - 1] == 7

@@ -6,7 +6,13 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from rlsched.model.checkpoint import load_checkpoint, published_state, to_bf16_bytes
+from rlsched.model.checkpoint import (
+    load_checkpoint,
+    published_nbytes,
+    published_specs,
+    published_state,
+    to_bf16_bytes,
+)
 from rlsched.model.writer import SafetensorsWriter, TensorSpec
 
 
@@ -32,12 +38,11 @@ def test_the_written_bytes_are_the_librarys_whatever_the_order_of_arrival() -> N
 def test_a_model_published_tensor_by_tensor_equals_its_whole_bf16_bytes() -> None:
     model = load_checkpoint(None).model
     state = published_state(model)
-    writer = SafetensorsWriter(
-        [TensorSpec(k, torch.bfloat16, tuple(v.shape)) for k, v in state.items()], {"format": "pt"}
-    )
+    writer = SafetensorsWriter(published_specs(model), {"format": "pt"})
     for name, tensor in state.items():
         writer.put(name, tensor.detach().bfloat16())
     assert bytes(writer.buffer) == to_bf16_bytes(model)
+    assert published_nbytes(model) == len(writer.buffer)  # what a receiver sizes its buffer by
     assert load(bytes(writer.buffer)).keys() == state.keys()
 
 
