@@ -283,8 +283,15 @@ class Instance:
         return pulled.stats, pulled.assembly.buffer, pulled.assembly.manifest.sha256, version
 
     def _allocate(self, nbytes: int) -> Buffer:
-        """A buffer to pull into: the engine's own where it loads from one without a copy."""
-        own = self.engine.pull_buffer(nbytes) if nbytes else None
+        """A buffer to pull into: the engine's own where it loads from one without a copy (unless
+        it cannot make one, say /dev/shm is too small: then a private one, and the load copies)."""
+        try:
+            own = self.engine.pull_buffer(nbytes) if nbytes else None
+        except OSError as err:
+            log.warning(
+                "%s: no pull buffer from the engine (%s); pulling into private memory", self.instance_id, err
+            )
+            own = None
         return own if own is not None else blank(nbytes)
 
     def _take_spare(self) -> Buffer | None:

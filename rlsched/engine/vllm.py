@@ -9,16 +9,16 @@ sampled tokens' under the raw model distribution (vLLM's default `raw_logprobs`)
 request's saved tokens are prefilled with its prompt and their log-probabilities recomputed from the
 prompt log-probs. `abort` ends a request with `FinishReason.ABORT`, keeping its tokens.
 
-Weights: a version's BF16 safetensors bytes lie in a file in shared memory (`/dev/shm`) whose path
-goes to every worker through `collective_rpc` (`rlsched.engine.vllm_ext.RlschedWeights`). A rollout
-instance pulls straight into such a file (`pull_buffer`: the file, mapped writable), so the bytes
-are never copied between the socket and the workers; bytes from elsewhere are written to a
-temporary file first. Each worker maps the file, loads the tensors by their
-Hugging Face names straight from the mapping and returns the checksum it computed there; then the
-prefix cache is reset (cached KV came from the old weights). The bytes used to travel as the RPC's
-argument, pickled and copied on the way (5-6x the torch engine's load of the same bytes). The
-workers run on the instance's own node (the engine is local to its actor), so the file is theirs
-to read.
+Weights: a version's BF16 safetensors bytes lie in a file in shared memory whose path goes to every
+worker through `collective_rpc` (`rlsched.engine.vllm_ext.RlschedWeights`). A rollout instance pulls
+straight into one (`pull_buffer`: a `memfd_create` memory file, mapped writable, that the workers
+open through `/proc`), so the bytes are never copied between the socket and the workers; bytes from
+elsewhere are written to a temporary file in `/dev/shm` first. Each worker maps the file, loads the
+tensors by their Hugging Face names straight from the mapping and returns the checksum it computed
+there; then the prefix cache is reset (cached KV came from the old weights). The bytes used to
+travel as the RPC's argument, pickled and copied on the way (5-6x the torch engine's load of the
+same bytes). The workers run on the instance's own node (the engine is local to its actor), so the
+file is theirs to read.
 
 vLLM is optional: importing this module without it installed raises a `UserError` that says how to
 install it (`pip install -e .[vllm]` on GPU machines, `make setup-vllm` on CPU machines).
@@ -113,41 +113,45 @@ def shared_file(blob: bytes | Buffer) -> Iterator[Path]:
 
 
 class _SharedFiles:
-    """The files in shared memory that this engine handed out as pull buffers, by mapping. After a
-    load from one, the older ones are unlinked (a relay may still serve from their mappings, which
-    outlive the names); the rest go with the engine."""
+    """The memory files (`memfd_create`) this engine handed out as pull buffers, by mapping. A
+    memory file has no name to leave behind: it goes when its last descriptor and mapping do, a
+    killed instance's included, and it is not held to `/dev/shm`'s size (64 MB in a container by
+    default). The workers open it as `/proc/<pid>/fd/<fd>`. After a load from one, the older ones
+    are closed (a relay may still serve from their mappings, which outlive the descriptors)."""
 
     def __init__(self) -> None:
-        self._paths: list[tuple[mmap.mmap, Path]] = []
+        self._files: list[tuple[mmap.mmap, int]] = []
+
+    @staticmethod
+    def available() -> bool:
+        return hasattr(os, "memfd_create") and Path(f"/proc/{os.getpid()}/fd").is_dir()
 
     def new(self, nbytes: int) -> mmap.mmap:
-        where = SHARED_MEMORY if SHARED_MEMORY.is_dir() else Path(tempfile.gettempdir())
-        fd, name = tempfile.mkstemp(prefix="rlsched-pull-", suffix=".safetensors", dir=where)
+        fd = os.memfd_create("rlsched-pull")
         try:
-            os.ftruncate(fd, nbytes)
+            os.posix_fallocate(fd, 0, nbytes)  # reserved now: no memory is an OSError, not a SIGBUS
             mapping = mmap.mmap(fd, nbytes)  # shared: what the pull writes is what the workers read
         except OSError:
-            os.unlink(name)
-            raise
-        finally:
             os.close(fd)
-        self._paths.append((mapping, Path(name)))
+            raise
+        self._files.append((mapping, fd))
         return mapping
 
     def path_of(self, blob: object) -> Path | None:
-        return next((path for mapping, path in self._paths if mapping is blob), None)
+        fd = next((fd for mapping, fd in self._files if mapping is blob), None)
+        return None if fd is None else Path(f"/proc/{os.getpid()}/fd/{fd}")
 
     def loaded(self, blob: object) -> None:
         """`blob` is now the engine's version: drop the files handed out before it."""
-        at = next(i for i, (mapping, _) in enumerate(self._paths) if mapping is blob)
-        for _, path in self._paths[:at]:
-            path.unlink(missing_ok=True)
-        del self._paths[:at]
+        at = next(i for i, (mapping, _) in enumerate(self._files) if mapping is blob)
+        for _, fd in self._files[:at]:
+            os.close(fd)
+        del self._files[:at]
 
     def close(self) -> None:
-        for _, path in self._paths:
-            path.unlink(missing_ok=True)
-        self._paths.clear()
+        for _, fd in self._files:
+            os.close(fd)
+        self._files.clear()
 
 
 @dataclass
@@ -214,10 +218,10 @@ class VllmRolloutEngine:
         return self._context
 
     # -- weights ----------------------------------------------------------------------------------
-    def pull_buffer(self, nbytes: int) -> mmap.mmap:
-        """A file in shared memory, mapped: the pull writes the version there and the workers load
-        it from the same pages."""
-        return self._shared.new(nbytes)
+    def pull_buffer(self, nbytes: int) -> mmap.mmap | None:
+        """A memory file, mapped: the pull writes the version there and the workers load it from
+        the same pages (None where the system has no memory files: the load then copies)."""
+        return self._shared.new(nbytes) if self._shared.available() else None
 
     def load_weights(self, blob: bytes | Buffer, version: WeightVersion) -> str:
         path = self._shared.path_of(blob)
