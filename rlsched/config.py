@@ -316,7 +316,27 @@ class TransientInstance(Section):
         return self
 
 
+class EndpointConfig(Section):
+    """The OpenAI-compatible HTTP endpoint over the rollout fleet (`rlsched serve`, docs/endpoint.md)."""
+
+    enabled: bool = Field(False, description="start the endpoint with the job")
+    host: str = Field("127.0.0.1", description="the address it binds; 0.0.0.0 serves other machines too")
+    port: int = Field(8000, ge=0, le=65535, description="its port (0: any free one, printed at start)")
+    api_key: str | None = Field(
+        None, description="when set, requests must carry `Authorization: Bearer <api_key>` (else 401)"
+    )
+    model_name: str | None = Field(None, description="the model name it serves; unset: the checkpoint's")
+    timeout_s: float = Field(600.0, gt=0, description="a request still running after this is aborted (504)")
+    max_waiting: int = Field(
+        256, ge=1, description="requests waiting for an engine row beyond which new ones get 429"
+    )
+    max_per_client: int = Field(
+        0, ge=0, description="requests one client (`user`, else its key) may have running (0: no limit)"
+    )
+
+
 class RolloutConfig(Section):
+    endpoint: EndpointConfig = EndpointConfig()
     instances: int = Field(2, ge=1, description="static rollout instances, started with the job")
     cpus_per_instance: float = Field(1.0, gt=0, description="CPUs each instance holds")
     max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")

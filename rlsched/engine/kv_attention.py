@@ -58,6 +58,12 @@ class SlotCache:
     def slots(self) -> int:
         return self.k[0].shape[2]
 
+    def take(self, other: SlotCache, rows: int, slots: int) -> None:
+        """Copy `other`'s first `rows` rows' first `slots` slots in (a cache that grew)."""
+        rows, slots = min(rows, other.rows), min(slots, other.slots)
+        for mine, theirs in zip((*self.k, *self.v), (*other.k, *other.v), strict=True):
+            mine[:rows, :, :slots] = theirs[:rows, :, :slots]
+
     def copy_row(self, src: int, dst: int, upto: int) -> None:
         """Row `dst` takes row `src`'s first `upto` slots (a finished row refilled, a prefix shared)."""
         for k, v in zip(self.k, self.v, strict=True):

@@ -40,6 +40,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (0: off)
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output (1: off)
+    top_logprobs: int = 0  # per sampled token, report the raw log-probs of this many likeliest tokens
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -50,6 +53,12 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0 (0 means off)")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0 (1 means off)")
+        if self.top_logprobs < 0:
+            raise ValueError("top_logprobs must be >= 0")
 
     @property
     def greedy(self) -> bool:
@@ -94,6 +103,20 @@ class Partial:
 
 
 PartialSink = Callable[[Sequence[Partial]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One token a running request just sampled (for streaming), with its raw log-prob and, where
+    the request asked for them, the likeliest alternatives as (token id, raw log-prob)."""
+
+    request_id: RequestId
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+TokenSink = Callable[[Sequence[TokenEvent]], None]
 
 
 class RequestRejected(ValueError):

@@ -25,6 +25,7 @@ class RowSamplers:
     temperature: torch.Tensor  # [B], 0 for greedy rows
     top_k: torch.Tensor  # [B], 0 for off
     top_p: torch.Tensor  # [B]
+    min_p: torch.Tensor  # [B], 0 for off
     generators: list[torch.Generator | None]
     any_filter: bool
 
@@ -45,24 +46,31 @@ class RowSamplers:
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32),
             generators=[g if g is not None else shared for g in gens],
-            any_filter=any(p.top_k > 0 or p.top_p < 1 for p in params),
+            any_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         )
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.temperature = self.temperature.index_select(0, rows)
         self.top_k = self.top_k.index_select(0, rows)
         self.top_p = self.top_p.index_select(0, rows)
+        self.min_p = self.min_p.index_select(0, rows)
         keep = rows.tolist()
         self.generators = [self.generators[i] for i in keep]
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def _filter(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Mask out what min-p (against the likeliest token), then top-k, then top-p drop."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab).expand_as(sorted_logits)
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     drop = ranks >= k
+    if bool((min_p > 0).any()):  # p < min_p * p_max  <=>  logit < logit_max + log(min_p)
+        drop |= sorted_logits < sorted_logits[:, :1] + min_p.log()[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
     before = probs.cumsum(-1) - probs  # mass strictly before each token
     drop |= before >= top_p[:, None]
@@ -87,7 +95,7 @@ def select_tokens(logits: torch.Tensor, rows: RowSamplers) -> torch.Tensor:
     temp = torch.where(greedy_rows, 1.0, rows.temperature)[:, None]
     scaled = logits / temp if bool((temp != 1.0).any()) else logits
     if rows.any_filter:
-        scaled = _filter_top_k_top_p(scaled, rows.top_k, rows.top_p)
+        scaled = _filter(scaled, rows.top_k, rows.top_p, rows.min_p)
     cdf = scaled.softmax(-1).cumsum(-1)
     u = _uniforms(logits.shape[0], rows.generators)  # type: ignore[arg-type]
     sampled = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1).clamp(max=logits.shape[1] - 1)

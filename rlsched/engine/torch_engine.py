@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rlsched.engine.intake import Intake
 from rlsched.engine.kv_attention import (
     ATTENTION,
     SlotCache,
@@ -53,6 +53,8 @@ from rlsched.engine.protocol import (
     RequestId,
     RequestRejected,
     Sample,
+    TokenEvent,
+    TokenSink,
     WeightVersion,
     check_fits,
 )
@@ -140,6 +142,7 @@ class TorchRolloutEngine:
         self._version = WeightVersion(version)
         self._generator = torch.Generator().manual_seed(seed)
         self._aborted: set[RequestId] = set()
+        self._events: TokenSink | None = None  # the running serve's token sink
         self._lock = threading.Lock()
         self._step = threading.Lock()  # held around each forward: a staged version swaps in between
 
@@ -195,41 +198,65 @@ class TorchRolloutEngine:
             self.check(req)
         if requests:
             reporter = _Reporter(on_partial, partial_every_s) if on_partial else None
-            yield from self._serve(list(requests), reporter)
+            intake = Intake(requests)
+            intake.close()
+            yield from self._serve(intake, reporter, None)
+
+    def serve(self, intake: Intake, on_tokens: TokenSink | None = None) -> Iterator[Sample]:
+        """Generate for whatever `intake` holds, as it arrives, until it is closed and drained: each
+        sample yielded the moment it finishes, and with `on_tokens` every token the moment it is
+        sampled (the OpenAI endpoint's streams). Requests are checked when put in the intake."""
+        yield from self._serve(intake, None, on_tokens)
 
     # -- the batch loop ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _serve(self, requests: list[GenerationRequest], reporter: _Reporter | None) -> Iterator[Sample]:
-        queue = deque(requests)
-        cache = self._cache_for(requests)
+    def _serve(
+        self, intake: Intake, reporter: _Reporter | None, on_tokens: TokenSink | None
+    ) -> Iterator[Sample]:
         live: list[_Row] = []
-        while queue or live:
-            free = cache.rows - len(live)
-            if queue and free:
-                admitted = [queue.popleft() for _ in range(min(free, len(queue)))]
-                yield from self._admit(admitted, live, cache)  # 1
+        self._events = on_tokens
+        if not intake.open:
+            self._cache_for(intake.pending())  # a closed batch: the whole cache at once
+        while True:
+            free = self.max_batch - len(live)
+            admitted = intake.take(free) if free else []
+            if admitted:
+                yield from self._admit(admitted, live)  # 1
             if not live:
+                if not intake.wait():
+                    return  # closed and drained
                 continue
             if reporter is not None:
                 reporter.maybe_report(live)
-            yield from self._decode(live, cache)  # 2, 3
+            yield from self._decode(live)  # 2, 3
 
-    def _cache_for(self, requests: list[GenerationRequest]) -> SlotCache:
+    def _cache_for(self, requests: Sequence[GenerationRequest]) -> None:
         """A cache with a row per concurrent request and slots for the longest prefix plus output;
         kept for the next call when it is large enough (its stale values are finite and masked)."""
         rows = min(self.max_batch, len(requests))
         prefix = max(len(r.prompt_ids) + len(r.resume_ids) for r in requests)
         new = max(r.params.max_tokens - len(r.resume_ids) for r in requests)
-        slots = prefix + max(new, 1) + 1
-        cache = self._cache
-        if cache is None or cache.rows < rows or cache.slots < slots or cache.k[0].dtype != self._dtype:
-            layers, kv, dim = self._shape
-            cache = SlotCache.allocate(layers, rows, kv, slots, dim, self._dtype, self._device)
-            self._cache = cache
-        return cache
+        self._reserve(rows, prefix + max(new, 1) + 1, keep_rows=0, keep_slots=0)
 
-    def _admit(self, reqs: list[GenerationRequest], live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
+    def _reserve(self, rows: int, slots: int, keep_rows: int, keep_slots: int) -> SlotCache:
+        """The cache, grown (at least doubled in what is short) to `rows` x `slots` if it is smaller;
+        a grown cache keeps the first `keep_rows` rows' first `keep_slots` slots. Serving an open
+        intake grows it as requests come and sequences lengthen, so memory follows what runs."""
+        cache = self._cache
+        if cache is not None and cache.k[0].dtype == self._dtype:
+            if cache.rows >= rows and cache.slots >= slots:
+                return cache
+            rows = max(rows, min(self.max_batch, 2 * cache.rows) if cache.rows < rows else cache.rows)
+            slots = max(slots, 2 * cache.slots if cache.slots < slots else cache.slots)
+        layers, kv, dim = self._shape
+        grown = SlotCache.allocate(layers, rows, kv, slots, dim, self._dtype, self._device)
+        if cache is not None and keep_rows and keep_slots:
+            grown.take(cache, keep_rows, keep_slots)
+        self._cache = grown
+        return grown
+
+    def _admit(self, reqs: list[GenerationRequest], live: list[_Row]) -> Iterator[Sample]:
         """Prefill newcomers into the rows after the live ones; each takes its first token."""
         rows = [self._new_row(r) for r in reqs]
         prefixes = [(*r.prompt_ids, *r.resume_ids) for r in reqs]
@@ -240,6 +267,8 @@ class TorchRolloutEngine:
         width = max(len(prefixes[i]) for i in unique)
         keep = max(len(r.resume_ids) for r in reqs) + 1  # logits needed: resumed tokens and the next one
         start = len(live)
+        live_slots = max((r.end for r in live), default=0)
+        cache = self._reserve(start + len(reqs), width, start, live_slots)
         logits = self._prefill([prefixes[i] for i in unique], [start + i for i in unique], width, keep, cache)
         at = {i: u for u, i in enumerate(unique)}
         for i, row in enumerate(rows):
@@ -271,12 +300,14 @@ class TorchRolloutEngine:
         )
         return self._forward(ids, positions, step, min(keep, width))
 
-    def _decode(self, live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
+    def _decode(self, live: list[_Row]) -> Iterator[Sample]:
         """One token for every live row: feed each row's latest token, then sample the next."""
+        b = len(live)
+        used = max(r.end for r in live) + 1  # each row writes its fed token at slot `end`
+        cache = self._reserve(b, used, b, used)
         if not self.use_cache:
             yield from self._recompute(live, cache)
             return
-        b = len(live)
         ids = torch.tensor([[r.tokens[-1]] for r in live])
         positions = torch.tensor([[r.fed] for r in live])
         ends = torch.tensor([r.end for r in live])
@@ -328,18 +359,24 @@ class TorchRolloutEngine:
         samplers = RowSamplers.build(
             [r.req.params for r in rows], self._generator, [r.generator for r in rows]
         )
-        tokens = select_tokens(last, samplers).tolist()
+        tokens = select_tokens(_penalized(last, rows), samplers).tolist()
         picked = last.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-        chosen = (picked - last.logsumexp(-1)).tolist()  # raw log-probs, without a [B, V] log-softmax
+        norm = last.logsumexp(-1)
+        chosen = (picked - norm).tolist()  # raw log-probs, without a [B, V] log-softmax
+        tops = _top_logprobs(last, norm, rows)
         done: list[int] = []
-        for i, row, tok, lp in zip(which, rows, tokens, chosen, strict=True):
+        events: list[TokenEvent] = []
+        for i, row, tok, lp, top in zip(which, rows, tokens, chosen, tops, strict=True):
             if self._finished_before(row):
                 done.append(i)
                 continue
             row.tokens.append(tok)
             row.logprobs.append(lp)
+            events.append(TokenEvent(row.req.request_id, tok, lp, top))
             if self._finish_reason(row) is not None:
                 done.append(i)
+        if self._events is not None and events:
+            self._events(events)
         for i in sorted(done, reverse=True):
             row = live[i]
             yield self._sample(row, row.finish)
@@ -436,6 +473,35 @@ class TorchRolloutEngine:
             stop_reason=row.stop_reason,
             resumed_tokens=len(row.req.resume_ids),
         )
+
+
+def _penalized(last: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+    """The logits with each row's repetition penalty applied to the tokens of its prompt and output
+    (divided where positive, multiplied where negative, as vLLM and transformers do); the log-probs
+    reported stay the raw model's."""
+    penalties = [r.req.params.repetition_penalty for r in rows]
+    if all(p == 1.0 for p in penalties):
+        return last
+    out = last.clone()
+    for i, (row, pen) in enumerate(zip(rows, penalties, strict=True)):
+        if pen != 1.0:
+            seen = torch.tensor(sorted({*row.req.prompt_ids, *row.tokens}))
+            vals = out[i, seen]
+            out[i, seen] = torch.where(vals > 0, vals / pen, vals * pen)
+    return out
+
+
+def _top_logprobs(
+    last: torch.Tensor, norm: torch.Tensor, rows: list[_Row]
+) -> list[tuple[tuple[int, float], ...]]:
+    """Per row, the raw log-probs of its `top_logprobs` likeliest tokens (none where not asked)."""
+    want = [r.req.params.top_logprobs for r in rows]
+    k = max(want, default=0)
+    if k == 0:
+        return [()] * len(rows)
+    values, ids = last.topk(k, dim=-1)
+    values = values - norm[:, None]
+    return [tuple(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True)) for i, n in enumerate(want)]
 
 
 class _Reporter:

@@ -1,0 +1,74 @@
+"""Starting the endpoint: a checkpoint's engine and template behind the app, served by uvicorn.
+
+`local_served` loads a checkpoint into a torch engine in this process (`rlsched serve`, the tests,
+`scripts/bench_endpoint.py`). `Running` starts uvicorn on a thread of its own and reports the
+address it bound (port 0 picks a free one), so a caller (a test, a job's driver) goes on while it
+serves; `stop` shuts it down and closes the engine's loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from rlsched.config import EndpointConfig
+from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
+from rlsched.model.checkpoint import load_checkpoint
+from rlsched.serve.app import Served, build_app
+from rlsched.serve.backend import LocalEngine
+
+START_TIMEOUT_S = 60.0
+
+
+def local_served(
+    checkpoint: Path | None,
+    *,
+    template: str | None = None,
+    model_name: str | None = None,
+    max_batch: int = 64,
+    dtype: str = "auto",
+    seed: int = 0,
+) -> Served:
+    ckpt = load_checkpoint(checkpoint, template=template, dtype=engine_dtype(dtype))
+    engine = TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max_batch, seed=seed)
+    name = model_name or ckpt.path.name
+    return Served(LocalEngine(engine), ckpt.tokenizer, ckpt.template, name)
+
+
+@dataclass
+class Running:
+    server: uvicorn.Server
+    thread: threading.Thread
+    served: Served
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.served.backend.close()
+
+
+def start(served: Served, cfg: EndpointConfig) -> Running:
+    """Serve on a background thread; returns once it accepts connections."""
+    config = uvicorn.Config(
+        build_app(served, cfg), host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="endpoint", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the endpoint did not start on {cfg.host}:{cfg.port} (is the port taken?)")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return Running(server, thread, served, cfg.host, int(port))

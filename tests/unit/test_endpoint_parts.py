@@ -1,0 +1,117 @@
+"""The endpoint's pure parts: the Hermes tool-call parser, the engine's priority intake, and the
+request schema's refusals."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from pydantic import ValidationError
+
+from rlsched.engine.intake import Intake, IntakeClosed
+from rlsched.engine.protocol import GenerationRequest, RequestId
+from rlsched.serve.schema import ChatCompletionRequest
+from rlsched.serve.tools import parse_hermes
+
+
+def test_a_well_formed_call_is_parsed_with_its_arguments_as_json_text() -> None:
+    reply = parse_hermes(
+        'Let me look.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
+    assert reply is not None
+    assert reply.content == "Let me look.\n"
+    [call] = reply.calls
+    assert call.name == "weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert call.id.startswith("call_")
+
+
+def test_several_calls_and_no_content() -> None:
+    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b"}</tool_call>'
+    reply = parse_hermes(text)
+    assert reply is not None and reply.content is None
+    assert [c.name for c in reply.calls] == ["a", "b"]
+    assert len({c.id for c in reply.calls}) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "just text",
+        '<tool_call>{"name": "a", "arguments": {}</tool_call>',  # not JSON
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+        '<tool_call>{"name": "a"}',  # never closed
+        '<tool_call>{"name": "a"}</tool_call> and then more words',  # text after the call
+        "<tool_call>[1, 2]</tool_call>",  # not an object
+    ],
+)
+def test_anything_malformed_stays_text(text: str) -> None:
+    assert parse_hermes(text) is None
+
+
+def req(name: str) -> GenerationRequest:
+    return GenerationRequest(RequestId(name), (1, 2, 3))
+
+
+def test_the_intake_serves_lower_priority_values_first_then_arrival_order() -> None:
+    intake = Intake()
+    for name, priority in [("a", 5), ("b", 0), ("c", 5), ("d", -1), ("e", 0)]:
+        intake.put(req(name), priority)
+    assert [r.request_id for r in intake.take(10)] == ["d", "b", "e", "a", "c"]
+
+
+def test_a_withdrawn_request_is_never_taken() -> None:
+    intake = Intake([req("a"), req("b")])
+    assert intake.remove(RequestId("a")) and not intake.remove(RequestId("a"))
+    assert len(intake) == 1
+    assert [r.request_id for r in intake.take(5)] == ["b"]
+    assert not intake.remove(RequestId("b"))  # taken already
+
+
+def test_waiting_on_an_open_intake_returns_when_a_request_comes_and_false_once_closed() -> None:
+    intake = Intake()
+    threading.Timer(0.05, intake.put, args=(req("late"),)).start()
+    assert intake.wait(timeout=5) and len(intake) == 1
+    intake.take(1)
+    intake.close()
+    assert not intake.wait()
+    with pytest.raises(IntakeClosed):
+        intake.put(req("after"))
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+@pytest.mark.parametrize("field", ["frequency_penalty", "presence_penalty"])
+def test_an_unimplemented_field_at_its_no_op_value_is_accepted_and_otherwise_refused(field: str) -> None:
+    ChatCompletionRequest.model_validate(chat(**{field: 0.0}))
+    with pytest.raises(ValidationError, match=f"NOT_IMPLEMENTED:{field}"):
+        ChatCompletionRequest.model_validate(chat(**{field: 0.5}))
+
+
+def test_an_agent_may_send_back_the_message_the_client_parsed() -> None:
+    """What `response.choices[0].message.model_dump()` gives, appended to the history."""
+    echoed = {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    body = ChatCompletionRequest.model_validate(
+        chat(
+            messages=[
+                {"role": "user", "content": "x"},
+                echoed,
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+            ]
+        )
+    )
+    assert body.messages[1].tool_calls is not None
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    assert ChatCompletionRequest.model_validate(chat(max_tokens=5, max_completion_tokens=9)).budget == 9
