@@ -155,6 +155,12 @@ def _add_serve(sub: Any) -> None:
     )
     serve.add_argument("--template", help="conversation template name or file (default: the checkpoint's)")
     serve.add_argument("--max-batch", type=_positive, default=64, help="sequences generated at once")
+    serve.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=8192,
+        help="prompt tokens kept for reuse (0: no prefix cache)",
+    )
     serve.add_argument("--max-waiting", type=_positive, default=256, help="queued requests before 429")
     serve.add_argument("--max-per-client", type=int, default=0, help="running requests per client (0: any)")
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds before a request is aborted")

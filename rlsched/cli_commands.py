@@ -206,9 +206,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValidationError as err:
         raise UserError(f"rlsched serve: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
+    if args.prefix_cache_tokens < 0:
+        raise UserError("--prefix-cache-tokens must be 0 (no prefix cache) or more")
     served = local_served(
-        args.checkpoint, template=args.template, model_name=args.model_name, max_batch=args.max_batch
-    )
+        args.checkpoint, template=args.template, model_name=args.model_name, max_batch=args.max_batch,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+    )  # fmt: skip
     try:
         running = start(served, cfg)
     except RuntimeError as err:

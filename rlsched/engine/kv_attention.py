@@ -10,6 +10,9 @@ own `forward` with continuous batching, without transformers' cache objects:
   its live requests in rows `0..B-1` (a finished row is refilled by moving the last one into it);
 - a *prefill* forward runs newcomers' prompts, left-padded to one width, into chosen rows from
   slot 0; each row remembers `base` (its first real slot) and `end` (the next free slot);
+- an *extend* forward runs the rest of newcomers' prompts after a prefix copied in from the prefix
+  cache (`rlsched.engine.prefix_cache`): the new tokens end at the same slot in every row, each
+  attends to its row's slots from `base`, and padding writes nothing;
 - a *decode* forward takes one token per live row, writes it at that row's `end` and attends to
   slots `base..end` of the row (and a sliding window where the model has one).
 
@@ -81,8 +84,9 @@ class Step:
     mask: torch.Tensor  # prefill [B, 1, T, T]; decode [B, 1, 1, S]
     window_mask: torch.Tensor | None = None  # the same within the model's sliding window, if it has one
     ends: torch.Tensor | None = None  # decode: [B] the slot each row's new token goes to
-    read: int = 0  # decode: slots to read (max end + 1)
+    read: int = 0  # decode: slots to read (max end + 1); extend: the width (new tokens end there)
     contiguous: bool = False  # rows are 0..B-1, so the cache is read as a view
+    write: torch.Tensor | None = None  # extend: [B, 1, T, 1] which new tokens are real (not padding)
 
     def to(self, device: torch.device) -> Step:
         """The step with its index and mask tensors on the model's device (built on the CPU)."""
@@ -94,6 +98,7 @@ class Step:
             mask=self.mask.to(device),
             window_mask=None if self.window_mask is None else self.window_mask.to(device),
             ends=None if self.ends is None else self.ends.to(device),
+            write=None if self.write is None else self.write.to(device),
         )
 
 
@@ -111,7 +116,14 @@ def kv_attention(
     step: Step = kwargs["rlsched_step"]
     layer = module.layer_idx
     k_cache, v_cache = step.cache.k[layer], step.cache.v[layer]
-    if step.prefill:
+    if step.prefill and step.write is not None:  # extend: after a cached prefix
+        end = step.read
+        begin = end - key.shape[2]
+        old_k, old_v = k_cache[step.rows, :, begin:end], v_cache[step.rows, :, begin:end]
+        k_cache[step.rows, :, begin:end] = torch.where(step.write, key, old_k)
+        v_cache[step.rows, :, begin:end] = torch.where(step.write, value, old_v)
+        keys, values = k_cache[step.rows, :, :end], v_cache[step.rows, :, :end]
+    elif step.prefill:
         width = key.shape[2]
         k_cache[step.rows, :, :width] = key
         v_cache[step.rows, :, :width] = value
@@ -139,6 +151,20 @@ def prefill_mask(valid: torch.Tensor, window: int | None) -> torch.Tensor:
     if window is not None:
         allowed &= (idx[:, None] - idx[None, :] < window)[None]
     allowed |= torch.eye(t, dtype=torch.bool)[None]
+    return allowed[:, None]
+
+
+def extend_mask(bases: torch.Tensor, valid: torch.Tensor, width: int, window: int | None) -> torch.Tensor:
+    """[B, 1, T, width]: the new tokens fill each row's last T slots (left-padded where a row has
+    fewer); each real one sees its row's slots from `base` up to its own, and a padding query only
+    its own slot (no NaN)."""
+    t = valid.shape[1]
+    q_slot = torch.arange(width - t, width)[None, :, None]  # [1, T, 1]
+    k_slot = torch.arange(width)[None, None, :]  # [1, 1, W]
+    allowed = (k_slot >= bases[:, None, None]) & (k_slot <= q_slot) & valid[:, :, None]
+    if window is not None:
+        allowed &= k_slot > q_slot - window
+    allowed |= (k_slot == q_slot) & ~valid[:, :, None]
     return allowed[:, None]
 
 

@@ -86,6 +86,7 @@ class Sample:
     weight_version: WeightVersion
     stop_reason: str | int | None = None
     resumed_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
     @property
     def num_tokens(self) -> int:

@@ -41,10 +41,12 @@ from rlsched.engine.kv_attention import (
     SlotCache,
     Step,
     decode_mask,
+    extend_mask,
     prefill_mask,
     register,
     sliding_window,
 )
+from rlsched.engine.prefix_cache import BLOCK, PrefixCache
 from rlsched.engine.protocol import (
     FinishReason,
     GenerationRequest,
@@ -80,6 +82,7 @@ class _Row:
     base: int = 0  # first real slot of its cache row (left padding before it)
     end: int = 0  # the slot its next fed token goes to
     fed: int = 0  # tokens in the cache (the position of the next fed token)
+    cached: int = 0  # prompt tokens copied in from the prefix cache
     finish: FinishReason = FinishReason.STOP  # set when it finishes
 
     @property
@@ -118,7 +121,10 @@ class TorchRolloutEngine:
         seed: int = 0,
         version: int = 0,
         use_cache: bool = True,
+        prefix_cache_blocks: int = 0,
     ) -> None:
+        """`prefix_cache_blocks`: blocks of 16 tokens whose keys and values are kept for requests
+        that share a prefix (`rlsched.engine.prefix_cache`; 0: none)."""
         register()
         model.set_attn_implementation(ATTENTION)
         self.model = model.eval()
@@ -143,6 +149,7 @@ class TorchRolloutEngine:
         self._generator = torch.Generator().manual_seed(seed)
         self._aborted: set[RequestId] = set()
         self._events: TokenSink | None = None  # the running serve's token sink
+        self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks and use_cache else None
         self._lock = threading.Lock()
         self._step = threading.Lock()  # held around each forward: a staged version swaps in between
 
@@ -158,8 +165,13 @@ class TorchRolloutEngine:
         data = blob if isinstance(blob, bytes) else bytes(blob)  # safetensors decodes from bytes
         with self._step:
             load_state_bytes(self.model, data)
-            self._version = WeightVersion(version)
+            self._new_version(version)
         return checksum(data)
+
+    def _new_version(self, version: int) -> None:
+        self._version = WeightVersion(version)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # its keys and values were computed under the old weights
 
     def pull_buffer(self, nbytes: int) -> None:
         """None: the torch engine loads from any buffer (and stages from the pull's own)."""
@@ -170,7 +182,7 @@ class TorchRolloutEngine:
         decoding steps (`rlsched.engine.staging`)."""
 
         def swapped() -> None:
-            self._version = WeightVersion(version)
+            self._new_version(version)
 
         return ModelStage(self.model, self._step, swapped)
 
@@ -269,13 +281,22 @@ class TorchRolloutEngine:
         start = len(live)
         live_slots = max((r.end for r in live), default=0)
         cache = self._reserve(start + len(reqs), width, start, live_slots)
-        logits = self._prefill([prefixes[i] for i in unique], [start + i for i in unique], width, keep, cache)
+        found = {i: self._cached_blocks(reqs[i]) for i in unique}
+        seqs, targets = [prefixes[i] for i in unique], [start + i for i in unique]
+        if any(found.values()):
+            logits = self._extend(seqs, [found[i] for i in unique], targets, width, keep, cache)
+        else:
+            logits = self._prefill(seqs, targets, width, keep, cache)
+        if self.prefix_cache is not None:
+            for i in unique:
+                self.prefix_cache.store(prefixes[i], cache, start + i, width - len(prefixes[i]))
         at = {i: u for u, i in enumerate(unique)}
         for i, row in enumerate(rows):
             src = first[prefixes[i]]
             if src != i:
                 cache.copy_row(start + src, start + i, width)
             row.base, row.end, row.fed = width - len(prefixes[i]), width, len(prefixes[i])
+            row.cached = len(found[src]) * BLOCK
             self._resume_logprobs(row, logits[at[src]])
         live.extend(rows)
         last = torch.stack([logits[at[first[p]], -1] for p in prefixes])
@@ -299,6 +320,49 @@ class TorchRolloutEngine:
             window_mask=prefill_mask(valid, self._window) if self._window else None,
         )
         return self._forward(ids, positions, step, min(keep, width))
+
+    def _cached_blocks(self, req: GenerationRequest) -> list[int]:
+        """The prefix cache's blocks for the start of `req`'s prompt (none for a resumed request,
+        whose saved tokens' log-probs come from the prefill); the last token is always computed."""
+        if self.prefix_cache is None or req.resume_ids:
+            return []
+        return self.prefix_cache.lookup(req.prompt_ids, len(req.prompt_ids) - 1)
+
+    def _extend(
+        self,
+        seqs: list[tuple[int, ...]],
+        found: list[list[int]],
+        rows: list[int],
+        width: int,
+        keep: int,
+        cache: SlotCache,
+    ) -> torch.Tensor:
+        """`_prefill` after cached prefixes: each row's cached blocks are copied in, and only the
+        rest of each sequence is computed (ending at slot `width` in every row, left-padded)."""
+        assert self.prefix_cache is not None
+        cached = [len(f) * BLOCK for f in found]
+        todo = [len(seq) - c for seq, c in zip(seqs, cached, strict=True)]
+        t = max(todo)
+        ids = torch.full((len(seqs), t), self._pad, dtype=torch.long)
+        valid = torch.zeros(len(seqs), t, dtype=torch.bool)
+        positions = torch.zeros(len(seqs), t, dtype=torch.long)
+        bases = torch.tensor([width - len(seq) for seq in seqs])
+        for u, (seq, c, n) in enumerate(zip(seqs, cached, todo, strict=True)):
+            ids[u, t - n :] = torch.tensor(seq[c:])
+            valid[u, t - n :] = True
+            positions[u] = (torch.arange(len(seq) - t, len(seq))).clamp(min=0)
+            if found[u]:
+                self.prefix_cache.load(cache, rows[u], int(bases[u]), found[u])
+        step = Step(
+            cache,
+            torch.tensor(rows),
+            prefill=True,
+            mask=extend_mask(bases, valid, width, None),
+            window_mask=extend_mask(bases, valid, width, self._window) if self._window else None,
+            read=width,
+            write=valid[:, None, :, None],
+        )
+        return self._forward(ids, positions, step, min(keep, t))
 
     def _decode(self, live: list[_Row]) -> Iterator[Sample]:
         """One token for every live row: feed each row's latest token, then sample the next."""
@@ -379,6 +443,9 @@ class TorchRolloutEngine:
             self._events(events)
         for i in sorted(done, reverse=True):
             row = live[i]
+            if self.prefix_cache is not None:  # the next turn of a conversation starts with all this
+                fed = (*row.req.prompt_ids, *row.tokens)[: row.fed]
+                self.prefix_cache.store(fed, cache, i, row.base)
             yield self._sample(row, row.finish)
             moved = live.pop()
             if i < len(live):
@@ -472,6 +539,7 @@ class TorchRolloutEngine:
             weight_version=self._version,
             stop_reason=row.stop_reason,
             resumed_tokens=len(row.req.resume_ids),
+            cached_tokens=row.cached,
         )
 
 

@@ -257,10 +257,12 @@ class _Run:
 
     def usage(self) -> dict[str, Any]:
         completion = sum(len(s.token_ids) for s in self.samples if s is not None)
+        cached = max((s.cached_tokens for s in self.samples if s is not None), default=0)
         return {
             "prompt_tokens": len(self.prompt),
             "completion_tokens": completion,
             "total_tokens": len(self.prompt) + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
 

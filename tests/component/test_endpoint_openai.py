@@ -48,7 +48,13 @@ def test_streamed_deltas_join_to_the_non_streamed_message(client: OpenAI) -> Non
     ) == 1
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == [whole.choices[0].finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None and whole.usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        whole.usage.prompt_tokens,
+        whole.usage.completion_tokens,
+    )
+    assert usage.prompt_tokens_details.cached_tokens > 0  # the same prompt, a second time
 
 
 def test_usage_counts_the_prompt_after_the_chat_template(client: OpenAI, server: Running) -> None:
@@ -123,3 +129,18 @@ def test_a_client_that_disconnects_mid_generation_frees_its_row(client: OpenAI, 
     while backend.running and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (backend.running, backend.waiting) == (0, 0)
+
+
+def test_a_repeated_system_prompt_is_served_from_the_prefix_cache(client: OpenAI) -> None:
+    kw = {"model": MODEL, "max_tokens": 4, "temperature": 0}
+    first = client.chat.completions.create(
+        **kw, messages=[QUESTION[0], {"role": "user", "content": "Hello!"}]
+    )
+    second = client.chat.completions.create(
+        **kw, messages=[QUESTION[0], {"role": "user", "content": "Goodbye!"}]
+    )
+    assert first.usage is not None and second.usage is not None
+    assert first.usage.prompt_tokens_details is not None and second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached >= 16  # at least the system prompt's whole blocks
+    assert cached < second.usage.prompt_tokens
