@@ -154,6 +154,12 @@ def _add_serve(sub: Any) -> None:
         "--model-name", default=None, help="the name clients ask for (default: the directory's)"
     )
     serve.add_argument("--template", help="conversation template name or file (default: the checkpoint's)")
+    serve.add_argument(
+        "--chat-template",
+        type=Path,
+        help="a Jinja chat template to use instead of the checkpoint's (e.g. "
+        "configs/chat_templates/smollm2_tools.jinja, which renders tools)",
+    )
     serve.add_argument("--max-batch", type=_positive, default=64, help="sequences generated at once")
     serve.add_argument(
         "--prefix-cache-tokens",

@@ -209,8 +209,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.prefix_cache_tokens < 0:
         raise UserError("--prefix-cache-tokens must be 0 (no prefix cache) or more")
     served = local_served(
-        args.checkpoint, template=args.template, model_name=args.model_name, max_batch=args.max_batch,
-        prefix_cache_tokens=args.prefix_cache_tokens,
+        args.checkpoint, template=args.template, chat_template=args.chat_template,
+        model_name=args.model_name, max_batch=args.max_batch, prefix_cache_tokens=args.prefix_cache_tokens,
     )  # fmt: skip
     try:
         running = start(served, cfg)

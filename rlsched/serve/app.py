@@ -56,7 +56,7 @@ from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.serve.backend import Backend, EngineStopped, Event
 from rlsched.serve.output import ChoiceText
-from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt
+from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt, forced_prefix
 from rlsched.serve.schema import ChatCompletionRequest, CompletionRequest
 from rlsched.serve.tools import OPEN as TOOL_TAG
 from rlsched.serve.tools import ToolReply, parse_hermes
@@ -167,7 +167,9 @@ class _Run:
         with_logprobs: bool,
         tools: bool,
         timeout_s: float,
+        forced: str = "",
     ) -> None:
+        """`forced`: text the prompt ends with that belongs to the reply (an opened tool call)."""
         self.id = uuid.uuid4().hex
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
@@ -180,6 +182,7 @@ class _Run:
         self.priority = priority
         self.with_logprobs = with_logprobs
         self.tools = tools
+        self.forced = forced
         stops = params[0].stop
         self.choices = [ChoiceText(served.tokenizer, stops, TOOL_TAG if tools else None) for _ in params]
         self.samples: list[Sample | None] = [None] * len(params)
@@ -230,12 +233,10 @@ class _Run:
     def _finished(self, sample: Sample) -> _Update:
         i = self.index[sample.request_id]
         self.samples[i] = sample
-        reply = parse_hermes(sample.text) if self.tools else None
+        text = self.forced + sample.text
+        reply = parse_hermes(text) if self.tools else None
         self.replies[i] = reply
-        if reply is not None:
-            delta = self.choices[i].finish(sample, reply.content or "")
-        else:
-            delta = self.choices[i].finish(sample)
+        delta = self.choices[i].finish(sample, (reply.content or "") if reply is not None else text)
         return _Update(i, delta, [], sample, reply)
 
     def finish_reason(self, i: int) -> str:
@@ -266,11 +267,13 @@ class _Run:
         }
 
 
-def _tool_calls(reply: ToolReply) -> list[dict[str, Any]]:
-    return [
-        {"index": k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for k, c in enumerate(reply.calls)
+def _tool_calls(reply: ToolReply, delta: bool = False) -> list[dict[str, Any]]:
+    """The calls as a message's `tool_calls` (a stream's delta numbers them with `index`)."""
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in reply.calls
     ]
+    return [{"index": k, **call} for k, call in enumerate(calls)] if delta else calls
 
 
 # -- the app --------------------------------------------------------------------------------------------
@@ -419,12 +422,13 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         *,
         logprobs: bool,
         tools: bool,
+        forced: str = "",
     ) -> tuple[_Run, str]:
         client = req.user or authorize(request)
         admit(client)
         default = None if isinstance(req, ChatCompletionRequest) else 16
         params = sampling(req, len(prompt), default)
-        run = _Run(served, prompt, params, req.priority, logprobs, tools, cfg.timeout_s)
+        run = _Run(served, prompt, params, req.priority, logprobs, tools, cfg.timeout_s, forced)
         run.submit()
         clients[client] += 1
         metrics.prompt_tokens.inc(len(prompt))
@@ -470,7 +474,8 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         except PromptError as err:
             raise ApiError(400, str(err), param="messages") from None
         tools = bool(body.tools) and body.tool_choice != "none"
-        run, client = await start(body, request, prompt, logprobs=body.logprobs, tools=tools)
+        forced = forced_prefix(body)
+        run, client = await start(body, request, prompt, logprobs=body.logprobs, tools=tools, forced=forced)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chunks = _chat_chunks(run, include_usage, body.return_token_ids)
@@ -587,7 +592,7 @@ async def _chat_chunks(run: _Run, include_usage: bool, token_ids: bool) -> Async
             if up.delta:
                 delta["content"] = up.delta
             if up.tools is not None:
-                delta["tool_calls"] = _tool_calls(up.tools)
+                delta["tool_calls"] = _tool_calls(up.tools, delta=True)
             extra["finish_reason"] = run.finish_reason(i)
         elif up.delta:
             delta = {"content": up.delta}

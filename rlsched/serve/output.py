@@ -1,8 +1,9 @@
 """A choice's text as it streams: token ids in, deltas out, that concatenate to the final message.
 
 Each choice decodes its tokens incrementally (`IncrementalDetokenizer`: never half a character) and
-holds back the last few characters while they could still begin one of the request's stop strings,
-so a stop string is never streamed and then taken back. When the sample finishes, the rest of its
+holds back the trailing characters that could still begin one of the request's stop strings (or,
+where tools are offered, the `<tool_call>` tag, after which everything waits for the parser), so
+nothing is streamed and then taken back. When the sample finishes, the rest of its
 text (as the engine cut it at the stop string) is the last delta. The non-streaming response is the
 same deltas joined, so the two routes agree by construction, not by a second decoding.
 
@@ -28,8 +29,7 @@ class ChoiceText:
         call, parsed when the sample finishes)."""
         self._tok = tokenizer
         self._detok = IncrementalDetokenizer(tokenizer)
-        self._tag = tool_tag
-        self._hold = max((len(s) for s in (*stops, tool_tag or "")), default=1) - 1
+        self._watch = tuple(s for s in (*stops, tool_tag or "") if s)
         self.sent = ""  # the text streamed so far
         self.token_ids: list[int] = []
         self.logprobs: list[dict[str, Any]] = []
@@ -42,19 +42,28 @@ class ChoiceText:
             if with_logprobs:
                 self.logprobs.append(self._logprob_entry(ev))
         text = self._detok.text
-        if self._tag is not None and (at := text.find(self._tag)) >= 0:
-            text = text[:at]
-        ready = text[: len(text) - self._hold] if self._hold else text
+        found = [at for s in self._watch if (at := text.find(s)) >= 0]
+        if found:  # a stop string (the sample's text ends before it) or the tool tag
+            text = text[: min(found)]
+        ready = text[: len(text) - self._held(text)]
         if len(ready) <= len(self.sent):
             return ""
         delta = ready[len(self.sent) :]
         self.sent = ready
         return delta
 
-    def finish(self, sample: Sample, final: str | None = None) -> str:
-        """The last delta: what the finished sample's text (or `final`, the part of it that is
+    def _held(self, text: str) -> int:
+        """How many trailing characters could still begin a stop string or the tool tag."""
+        longest = max((len(s) for s in self._watch), default=1) - 1
+        for k in range(min(longest, len(text)), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self._watch):
+                return k
+        return 0
+
+    def finish(self, sample: Sample, final: str) -> str:
+        """The last delta: what `final` (the finished sample's text, or the part of it that is
         content where the rest was tool calls) adds to what was streamed."""
-        final = sample.text if final is None else final
         if not final.startswith(self.sent):  # would mean the engine decoded differently: keep what was sent
             log.warning("%s: streamed text is not a prefix of the sample's text", sample.request_id)
             return ""

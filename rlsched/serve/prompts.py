@@ -16,7 +16,8 @@ from typing import Any
 from rlsched.errors import UserError
 from rlsched.model.template import ChatTemplate, Message, PromptFormat
 from rlsched.model.tokenizer import Tokenizer
-from rlsched.serve.schema import ChatCompletionRequest, ChatMessage, CompletionRequest
+from rlsched.serve.schema import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
+from rlsched.serve.tools import OPEN as TOOL_OPEN
 
 
 class PromptError(ValueError):
@@ -48,11 +49,35 @@ def _hf_message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
+def renders_tool_calls(template: PromptFormat, tokenizer: Tokenizer) -> bool:
+    """Whether the template describes Hermes-style calls (`<tool_call>`), the one format parsed."""
+    return isinstance(template, ChatTemplate) and TOOL_OPEN in (tokenizer.chat_template or "")
+
+
+def forced_prefix(req: ChatCompletionRequest) -> str:
+    """What the assistant's reply is made to start with: `tool_choice: required` opens a call, a
+    named function opens a call to it (the model writes the rest; nothing else constrains it)."""
+    choice = req.tool_choice
+    if not req.tools or choice in (None, "none", "auto"):
+        return ""
+    if choice == "required":
+        return TOOL_OPEN + "\n"
+    assert isinstance(choice, NamedToolChoice)
+    return TOOL_OPEN + '\n{"name": ' + json.dumps(choice.function.name) + ', "arguments": '
+
+
 def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletionRequest) -> list[int]:
+    """The templated prompt's ids, ending with `forced_prefix` (tokenized with the prompt)."""
     if isinstance(template, ChatTemplate):
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         if req.tool_choice == "none":
             tools = None
+        elif tools and not renders_tool_calls(template, tokenizer):
+            raise PromptError(
+                "the request has tools, but this model's chat template does not describe tool calls; "
+                "serve it with a template that does (rlsched serve --chat-template "
+                "configs/chat_templates/smollm2_tools.jinja, for SmolLM2)"
+            )
         try:
             text = tokenizer.hf.apply_chat_template(
                 [_hf_message(m) for m in req.messages],
@@ -62,7 +87,7 @@ def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletio
             )
         except Exception as err:  # noqa: BLE001 - a template's raise_exception() is bad input
             raise PromptError(f"the chat template refused the messages: {err}") from None
-        return tokenizer.encode(str(text))
+        return tokenizer.encode(str(text) + forced_prefix(req))
     if req.tools and req.tool_choice != "none":
         raise PromptError(
             f"this model's conversation template ({template.name}) does not render tools; serve a "

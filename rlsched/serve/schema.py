@@ -54,6 +54,7 @@ class ToolCall(_Strict):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
+    index: int | None = None  # a streamed call's number, which clients that join deltas may keep
 
 
 class TextPart(_Strict):

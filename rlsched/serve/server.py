@@ -18,7 +18,9 @@ import uvicorn
 from rlsched.config import EndpointConfig
 from rlsched.engine.prefix_cache import BLOCK
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
-from rlsched.model.checkpoint import load_checkpoint
+from rlsched.errors import UserError
+from rlsched.model.checkpoint import Checkpoint, load_checkpoint
+from rlsched.model.template import ChatTemplate, PromptFormat
 from rlsched.serve.app import Served, build_app
 from rlsched.serve.backend import LocalEngine
 
@@ -30,21 +32,46 @@ def local_served(
     checkpoint: Path | None,
     *,
     template: str | None = None,
+    chat_template: Path | None = None,
     model_name: str | None = None,
     max_batch: int = 64,
     dtype: str = "auto",
     seed: int = 0,
     prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
 ) -> Served:
-    """`prefix_cache_tokens`: how many prompt tokens' keys and values the engine keeps for
-    requests that share a prefix (a system prompt, the turns before this one); 0: none."""
+    """A checkpoint's torch engine in this process. `chat_template`: a Jinja file to use instead of
+    the checkpoint's own (vLLM's `--chat-template`), e.g. one that renders tools;
+    `prefix_cache_tokens`: how many tokens' keys and values the engine keeps for requests that
+    share a prefix (a system prompt, the turns before this one); 0: none."""
     ckpt = load_checkpoint(checkpoint, template=template, dtype=engine_dtype(dtype))
+    return served_from(
+        ckpt, chat_template=chat_template, model_name=model_name, max_batch=max_batch, seed=seed,
+        prefix_cache_tokens=prefix_cache_tokens,
+    )  # fmt: skip
+
+
+def served_from(
+    ckpt: Checkpoint,
+    *,
+    chat_template: Path | None = None,
+    model_name: str | None = None,
+    max_batch: int = 64,
+    seed: int = 0,
+    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+) -> Served:
+    """`local_served` for a checkpoint already loaded (a test's fine-tuned model)."""
+    prompts: PromptFormat = ckpt.template
+    if chat_template is not None:
+        try:
+            ckpt.tokenizer.hf.chat_template = chat_template.read_text()
+        except OSError as err:
+            raise UserError(f"cannot read the chat template {chat_template}: {err.strerror}") from None
+        prompts = ChatTemplate(ckpt.tokenizer, ckpt.template.stop_token_ids, name=chat_template.stem)
     engine = TorchRolloutEngine(
         ckpt.model, ckpt.tokenizer, max_batch=max_batch, seed=seed,
         prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK),
     )  # fmt: skip
-    name = model_name or ckpt.path.name
-    return Served(LocalEngine(engine), ckpt.tokenizer, ckpt.template, name)
+    return Served(LocalEngine(engine), ckpt.tokenizer, prompts, model_name or ckpt.path.name)
 
 
 @dataclass

@@ -45,3 +45,11 @@ def service(blobs: dict[int, bytes]) -> Iterator[WeightService]:
         svc.publish(v, blob)
     yield svc
     svc.close()
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Any:
+    """The official `openai` client against the module's `server` fixture (a `serve.server.Running`)."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)

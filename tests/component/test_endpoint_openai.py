@@ -31,11 +31,6 @@ def server(smollm2_dir: Path) -> Iterator[Running]:
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def client(server: Running) -> OpenAI:
-    return OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
 def test_streamed_deltas_join_to_the_non_streamed_message(client: OpenAI) -> None:
     kw = {"model": MODEL, "messages": QUESTION, "max_tokens": 48, "seed": 11, "temperature": 0.9}
     whole = client.chat.completions.create(**kw)

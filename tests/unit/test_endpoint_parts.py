@@ -115,3 +115,30 @@ def test_an_agent_may_send_back_the_message_the_client_parsed() -> None:
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert ChatCompletionRequest.model_validate(chat(max_tokens=5, max_completion_tokens=9)).budget == 9
+
+
+class _Chars:
+    """A tokenizer of single characters (ids are code points), enough for `ChoiceText`."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(map(chr, ids))
+
+
+def stream(text: str, stops: tuple[str, ...], tag: str | None = None) -> list[str]:
+    from rlsched.engine.protocol import TokenEvent
+    from rlsched.serve.output import ChoiceText
+
+    choice = ChoiceText(_Chars(), stops, tag)  # type: ignore[arg-type]
+    return [choice.push([TokenEvent(RequestId("r"), ord(c), 0.0)], False) for c in text]
+
+
+def test_only_what_could_begin_a_stop_string_is_held_back() -> None:
+    deltas = stream("ab STx STOP", ("STOP",))
+    assert deltas[:3] == ["a", "b", " "]  # nothing held: no stop string starts with these
+    assert "".join(deltas) == "ab STx "  # "ST" waited until "x" showed it was not "STOP"; "STOP" never sent
+
+
+def test_text_from_the_tool_tag_on_is_held_for_the_parser() -> None:
+    deltas = stream("ok <tool_call>{}", (), "<tool_call>")
+    assert "".join(deltas) == "ok "
+    assert not any("<" in d for d in deltas)
