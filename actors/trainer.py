@@ -224,7 +224,7 @@ class TrainingGroup:
         self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
 
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
-        tokens = float(sum(len(i.token_ids) for i in items))
+        tokens = sum(i.trained_tokens for i in items)
         shards = [list(items[i :: len(self.ranks)]) for i in range(len(self.ranks))]
         refs = [r.update.remote(s, tokens) for r, s in zip(self.ranks, shards, strict=True)]
         results = answers(refs, "update")

@@ -319,7 +319,20 @@ class TransientInstance(Section):
 class EndpointConfig(Section):
     """The OpenAI-compatible HTTP endpoint over the rollout fleet (`rlsched serve`, docs/endpoint.md)."""
 
-    enabled: bool = Field(False, description="start the endpoint with the job")
+    enabled: bool = Field(
+        False, description="start the endpoint with the job (not yet: refused; use `rlsched serve`)"
+    )
+
+    @field_validator("enabled")
+    @classmethod
+    def _not_with_a_job_yet(cls, enabled: bool) -> bool:
+        if enabled:
+            raise ValueError(
+                "the endpoint does not start with a job yet; serve the checkpoint beside it with "
+                "`rlsched serve CHECKPOINT` (docs/endpoint.md)"
+            )
+        return enabled
+
     host: str = Field("127.0.0.1", description="the address it binds; 0.0.0.0 serves other machines too")
     port: int = Field(8000, ge=0, le=65535, description="its port (0: any free one, printed at start)")
     api_key: str | None = Field(
@@ -328,10 +341,13 @@ class EndpointConfig(Section):
     model_name: str | None = Field(None, description="the model name it serves; unset: the checkpoint's")
     timeout_s: float = Field(600.0, gt=0, description="a request still running after this is aborted (504)")
     max_waiting: int = Field(
-        256, ge=1, description="requests waiting for an engine row beyond which new ones get 429"
+        256, ge=1, description="requests waiting for a busy engine row beyond which new ones get 429"
     )
     max_per_client: int = Field(
         0, ge=0, description="requests one client (`user`, else its key) may have running (0: no limit)"
+    )
+    reward_timeout_s: float = Field(
+        600.0, gt=0, description="an ended episode whose reward has not come by then is dropped (counted)"
     )
 
 

@@ -152,6 +152,7 @@ class TorchRolloutEngine:
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks and use_cache else None
         self._lock = threading.Lock()
         self._step = threading.Lock()  # held around each forward: a staged version swaps in between
+        self._busy = threading.Lock()  # held while a batch loop runs (a generate, or a serve with work)
 
     @property
     def version(self) -> WeightVersion:
@@ -226,9 +227,19 @@ class TorchRolloutEngine:
     def _serve(
         self, intake: Intake, reporter: _Reporter | None, on_tokens: TokenSink | None
     ) -> Iterator[Sample]:
+        while True:
+            with self._busy:  # one batch loop at a time runs on the cache (a serve idles without it)
+                yield from self._run_batch(intake, reporter, on_tokens)
+            if not intake.wait():
+                return  # closed and drained
+
+    def _run_batch(
+        self, intake: Intake, reporter: _Reporter | None, on_tokens: TokenSink | None
+    ) -> Iterator[Sample]:
+        """Steps until no row is live and nothing waits."""
         live: list[_Row] = []
         self._events = on_tokens
-        if not intake.open:
+        if not intake.open and len(intake):
             self._cache_for(intake.pending())  # a closed batch: the whole cache at once
         while True:
             free = self.max_batch - len(live)
@@ -236,9 +247,7 @@ class TorchRolloutEngine:
             if admitted:
                 yield from self._admit(admitted, live)  # 1
             if not live:
-                if not intake.wait():
-                    return  # closed and drained
-                continue
+                return
             if reporter is not None:
                 reporter.maybe_report(live)
             yield from self._decode(live)  # 2, 3

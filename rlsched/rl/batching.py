@@ -50,7 +50,13 @@ class PackedBatch:
         return min(s.start for s in self.completion_slices)
 
 
-def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> PackedBatch:
+def pack(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    masks: Sequence[Sequence[float] | None] | None = None,
+) -> PackedBatch:
+    """`masks`: per completion, 1 where its token takes the loss (None: all of them)."""
     if len(prompts) != len(completions):
         raise ValueError("one completion per prompt")
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
@@ -66,7 +72,8 @@ def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
         attention[i, : len(seq)] = 1
         targets[i, : len(seq) - 1] = seq[1:]
         s = slice(len(p) - 1, len(seq) - 1)
-        mask[i, s] = 1.0
+        own = masks[i] if masks is not None else None
+        mask[i, s] = 1.0 if own is None else torch.tensor(own, dtype=mask.dtype)
         slices.append(s)
     return PackedBatch(ids, attention, targets, mask, tuple(slices))
 

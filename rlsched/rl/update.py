@@ -43,6 +43,13 @@ class TrainItem:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     advantage: float
+    # per token of `token_ids`, 1 where the loss is taken; empty: every token. A multi-turn episode
+    # masks what the model did not sample (tool results, the template's tokens between turns)
+    mask: tuple[float, ...] = ()
+
+    @property
+    def trained_tokens(self) -> float:
+        return float(sum(self.mask)) if self.mask else float(len(self.token_ids))
 
 
 CPU = torch.device("cpu")
@@ -84,7 +91,8 @@ def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> list[tuple[list[T
     out = []
     for group in micro_batches(lengths, opts.micro_batch_tokens):
         chosen = [items[i] for i in group]
-        batch = pack([i.prompt_ids for i in chosen], [i.token_ids for i in chosen], opts.pad_id)
+        masks = [i.mask or None for i in chosen]
+        batch = pack([i.prompt_ids for i in chosen], [i.token_ids for i in chosen], opts.pad_id, masks)
         out.append((chosen, batch.to(opts.device)))
     return out
 
@@ -151,7 +159,7 @@ def grpo_update(
     opts = options or TrainOptions()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
-    total = token_count if token_count is not None else float(sum(len(i.token_ids) for i in items))
+    total = token_count if token_count is not None else sum(i.trained_tokens for i in items)
     stats = LossStats(0.0, 0.0, 0.0, 0.0)  # this shard's shares; summed over ranks by the caller
     chunks = _chunks(items, opts)
     passes = agree_passes(len(chunks)) if agree_passes is not None else len(chunks)

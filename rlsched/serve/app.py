@@ -55,9 +55,10 @@ from rlsched.engine.protocol import (
 from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.serve.backend import Backend, EngineStopped, Event
+from rlsched.serve.episodes import EpisodeError, EpisodeStore, Turn, continue_prompt
 from rlsched.serve.output import ChoiceText
-from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt, forced_prefix
-from rlsched.serve.schema import ChatCompletionRequest, CompletionRequest
+from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt, forced_prefix, render_chat
+from rlsched.serve.schema import ChatCompletionRequest, CompletionRequest, RewardRequest
 from rlsched.serve.tools import OPEN as TOOL_TAG
 from rlsched.serve.tools import ToolReply, parse_hermes
 
@@ -73,6 +74,7 @@ class Served:
     template: PromptFormat
     model_name: str
     created: int = field(default_factory=lambda: int(time.time()))
+    episodes: EpisodeStore = field(default_factory=EpisodeStore)
 
 
 class ApiError(Exception):
@@ -155,6 +157,16 @@ class _Update:
     tools: ToolReply | None = None
 
 
+@dataclass(frozen=True)
+class _Capture:
+    """A request in an episode: the episode of each choice, and how its prompt met the last turn."""
+
+    episode_ids: list[str]
+    group_id: str | None
+    extends: bool
+    diverged_at: int | None
+
+
 class _Run:
     """The `n` generations of one HTTP request, sharing one event queue."""
 
@@ -190,7 +202,9 @@ class _Run:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.first_token_at: float | None = None
         self.started = time.monotonic()
-        self.created = int(time.time())
+        self.started_wall = time.time()
+        self.created = int(self.started_wall)
+        self.capture: _Capture | None = None
 
     def submit(self) -> None:
         try:
@@ -246,6 +260,33 @@ class _Run:
             return "tool_calls"
         return "length" if sample.finish_reason is FinishReason.LENGTH else "stop"
 
+    def turns(self) -> list[Turn]:
+        """Each choice as a turn of its episode (only once all finished, none aborted)."""
+        assert self.capture is not None
+        done = [s for s in self.samples if s is not None and s.finish_reason is not FinishReason.ABORT]
+        if len(done) != len(self.samples):
+            return []
+        first = (
+            None if self.first_token_at is None else self.started_wall + self.first_token_at - self.started
+        )
+        return [
+            Turn(
+                request_id=str(sample.request_id),
+                prompt_ids=tuple(self.prompt),
+                token_ids=sample.token_ids,
+                logprobs=sample.logprobs,
+                weight_version=int(sample.weight_version),
+                submitted=self.started_wall,
+                first_token=first,
+                finished=time.time(),
+                finish_reason=self.finish_reason(i),
+                called_tool=self.replies[i] is not None,
+                extends=self.capture.extends,
+                diverged_at=self.capture.diverged_at,
+            )
+            for i, sample in enumerate(done)
+        ]
+
     def head(self, kind: str) -> dict[str, Any]:
         """The fields every response body and chunk of this request starts with (one id)."""
         prefix = "cmpl" if kind == "text_completion" else "chatcmpl"
@@ -284,6 +325,7 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
     metrics = _Metrics(served)
     clients: Tally[str] = Tally()
     app.state.served, app.state.metrics, app.state.clients = served, metrics, clients
+    served.episodes.reward_timeout_s = cfg.reward_timeout_s
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
@@ -328,10 +370,10 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
 
     def admit(client: str) -> None:
         """429 past the queue limit or the client's own limit."""
-        if served.backend.waiting >= cfg.max_waiting:
+        if served.backend.backlog >= cfg.max_waiting:
             raise ApiError(
                 429,
-                f"{served.backend.waiting} requests are waiting (the limit is {cfg.max_waiting}); "
+                f"{served.backend.backlog} requests are waiting for a row (the limit is {cfg.max_waiting}); "
                 "retry later",
                 kind="rate_limit_error",
                 headers={"Retry-After": "1"},
@@ -438,12 +480,69 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         clients[client] -= 1
         if clients[client] <= 0:
             del clients[client]
+        if run.capture is not None:
+            for episode_id, turn in zip(run.capture.episode_ids, run.turns(), strict=False):
+                served.episodes.record(episode_id, run.capture.group_id, turn)
         metrics.completion_tokens.inc(sum(len(s.token_ids) for s in run.samples if s is not None))
         if run.first_token_at is not None:
             metrics.ttft.observe(run.first_token_at - run.started)
         metrics.requests.labels(route, str(status)).inc()
 
+    def episode_prompt(
+        body: ChatCompletionRequest, episode_id: str, group_id: str | None
+    ) -> tuple[list[int], _Capture]:
+        """A turn's prompt from its episode's recorded ids (`continue_prompt`)."""
+        try:
+            episode = served.episodes.open_turn(episode_id)
+        except EpisodeError as err:
+            raise ApiError(err.status, str(err), param="episode_id") from None
+        if episode is not None and body.n > 1:
+            raise ApiError(400, "a later turn continues one episode: send n=1", param="n")
+        text, prefix = render_chat(served.template, served.tokenizer, body)
+        prompt, extends, diverged = continue_prompt(episode, text, served.tokenizer, prefix)
+        ids = [episode_id] if body.n == 1 else [f"{episode_id}-{i}" for i in range(body.n)]
+        group = group_id or (episode.group_id if episode is not None else episode_id)
+        return prompt, _Capture(ids, group, extends, diverged)
+
+    def episode_or_404(episode_id: str) -> Any:
+        try:
+            return served.episodes.get(episode_id)
+        except EpisodeError as err:
+            raise ApiError(err.status, str(err), code="episode_not_found") from None
+
     # -- routes -----------------------------------------------------------------------------------------
+
+    @app.get("/v1/episodes")
+    async def list_episodes(request: Request, ready: bool = False) -> dict[str, Any]:
+        authorize(request)
+        store = served.episodes
+        chosen = store.ready() if ready else store.all()
+        summaries = [
+            {k: v for k, v in e.as_json().items() if k != "turns"} | {"turns": len(e.turns)} for e in chosen
+        ]
+        return {"object": "list", "data": summaries, "dropped_no_reward": store.dropped_no_reward}
+
+    @app.get("/v1/episodes/{episode_id}")
+    async def get_episode(episode_id: str, request: Request) -> dict[str, Any]:
+        authorize(request)
+        return dict(episode_or_404(episode_id).as_json())
+
+    @app.post("/v1/episodes/{episode_id}/reward")
+    async def reward_episode(episode_id: str, body: RewardRequest, request: Request) -> dict[str, Any]:
+        authorize(request)
+        episode_or_404(episode_id)
+        try:
+            episode = served.episodes.reward(episode_id, body.reward)
+        except EpisodeError as err:
+            raise ApiError(err.status, str(err)) from None
+        return {k: v for k, v in episode.as_json().items() if k != "turns"}
+
+    @app.post("/v1/episodes/{episode_id}/end")
+    async def end_episode(episode_id: str, request: Request) -> dict[str, Any]:
+        authorize(request)
+        episode_or_404(episode_id)
+        episode = served.episodes.end(episode_id)
+        return {k: v for k, v in episode.as_json().items() if k != "turns"}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -469,13 +568,20 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
         authorize(request)
         check_model(body.model)
+        episode_id = body.episode_id or request.headers.get("x-episode-id")
         try:
-            prompt = chat_prompt(served.template, served.tokenizer, body)
+            if episode_id:
+                prompt, capture = episode_prompt(
+                    body, episode_id, body.group_id or request.headers.get("x-group-id")
+                )
+            else:
+                prompt, capture = chat_prompt(served.template, served.tokenizer, body), None
         except PromptError as err:
             raise ApiError(400, str(err), param="messages") from None
         tools = bool(body.tools) and body.tool_choice != "none"
         forced = forced_prefix(body)
         run, client = await start(body, request, prompt, logprobs=body.logprobs, tools=tools, forced=forced)
+        run.capture = capture
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chunks = _chat_chunks(run, include_usage, body.return_token_ids)
@@ -528,6 +634,8 @@ def _chat_response(run: _Run, token_ids: bool) -> dict[str, Any]:
         }
         if token_ids:
             choice["token_ids"] = text.token_ids
+        if run.capture is not None:
+            choice["episode_id"] = run.capture.episode_ids[i]
         choices.append(choice)
     body: dict[str, Any] = {**run.head("chat.completion"), "choices": choices, "usage": run.usage()}
     if token_ids:

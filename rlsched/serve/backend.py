@@ -42,6 +42,11 @@ class Backend(Protocol):
     @property
     def running(self) -> int: ...
 
+    @property
+    def backlog(self) -> int:
+        """Requests waiting beyond the rows that are free (those the next step admits)."""
+        ...
+
     def submit(self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event]) -> None:
         """Queue `req`; its tokens (lists of events), then its `Sample` (or an exception) arrive on
         `events`, which several requests may share (a request's `n` choices). Call on the server's
@@ -77,6 +82,10 @@ class LocalEngine:
     @property
     def running(self) -> int:
         return len(self._queues) - len(self._intake)
+
+    @property
+    def backlog(self) -> int:
+        return max(0, self.waiting - (self.engine.max_batch - self.running))
 
     def submit(self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event]) -> None:
         if self._failed is not None:

@@ -66,8 +66,11 @@ def forced_prefix(req: ChatCompletionRequest) -> str:
     return TOOL_OPEN + '\n{"name": ' + json.dumps(choice.function.name) + ', "arguments": '
 
 
-def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletionRequest) -> list[int]:
-    """The templated prompt's ids, ending with `forced_prefix` (tokenized with the prompt)."""
+def render_chat(
+    template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletionRequest
+) -> tuple[str, list[int]]:
+    """The templated prompt as text, ending with `forced_prefix`, and the ids that go before it (an
+    MLC template's system prefix; none for a chat template)."""
     if isinstance(template, ChatTemplate):
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         if req.tool_choice == "none":
@@ -87,7 +90,7 @@ def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletio
             )
         except Exception as err:  # noqa: BLE001 - a template's raise_exception() is bad input
             raise PromptError(f"the chat template refused the messages: {err}") from None
-        return tokenizer.encode(str(text) + forced_prefix(req))
+        return str(text) + forced_prefix(req), []
     if req.tools and req.tool_choice != "none":
         raise PromptError(
             f"this model's conversation template ({template.name}) does not render tools; serve a "
@@ -97,9 +100,15 @@ def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletio
         messages = [
             Message(role="system" if m.role == "developer" else m.role, content=m.text) for m in req.messages
         ]
-        return template.encode(tokenizer, messages)
+        return template.render(messages), list(template.system_prefix_token_ids)
     except (UserError, ValueError) as err:
         raise PromptError(str(err)) from None
+
+
+def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletionRequest) -> list[int]:
+    """The templated prompt's ids (`render_chat`, tokenized)."""
+    text, prefix = render_chat(template, tokenizer, req)
+    return [*prefix, *tokenizer.encode(text)]
 
 
 def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> list[int]:

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
 TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
 TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
+CHAT_TEMPLATE_FILES = sorted((ROOT / "configs" / "chat_templates").glob("*.jinja"))
 ALL_SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
 CLUSTER_SCENARIOS = [p for p in ALL_SCENARIOS if "\nkind: cluster" in "\n" + p.read_text()]
 SCENARIO_FILES = [p for p in ALL_SCENARIOS if p not in CLUSTER_SCENARIOS]
@@ -26,6 +27,7 @@ ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file(
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
     loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(ALL_SCENARIOS) | set(ADMIN_FILES)
+    loaders |= set(CHAT_TEMPLATE_FILES)
     assert set(ALL_CONFIG_FILES) == loaders | set(SCENARIO_DATA)
 
 
@@ -204,3 +206,23 @@ def test_relays_with_an_upload_of_zero_are_refused_and_an_unset_upload_is_the_re
     relay = load_config(None, ["weights.relay=true", "weights.receiver_gbps=2"]).weights.relay_params()
     assert relay is not None and relay.upload_bps == 2e9 and relay.egress_bps == 10e9  # unshaped egress
     assert load_config(None, ["weights.upload_gbps=0"]).weights.relay_params() is None  # relays off
+
+
+@pytest.mark.parametrize("path", CHAT_TEMPLATE_FILES, ids=lambda p: p.name)
+def test_chat_templates_render_tools_and_calls(path: Path) -> None:
+    """Each shipped Jinja chat template compiles as transformers compiles it, lists the tools it is
+    given, and writes an assistant's calls back as `<tool_call>` blocks."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    template = _compile_jinja_template(path.read_text())
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    call = {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "r"},
+    ]
+    text = template.render(messages=messages, tools=[tool], add_generation_prompt=True)
+    assert '{"name": "f", "parameters": {"type": "object"}}' in text
+    assert '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>' in text
+    assert "<tool_response>\nr\n</tool_response>" in text

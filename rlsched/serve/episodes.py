@@ -1,0 +1,262 @@
+"""Trajectory capture: the endpoint's requests that carry an episode id, recorded token by token, so
+that an agent program driven over HTTP yields training data whose every token is one the engine
+sampled.
+
+An episode is one conversation. Each request in it (a turn) records the prompt ids as templated, the
+sampled ids with their raw log-probs, the weight version that sampled them, and when it was
+submitted, first answered and finished. Turns are stitched by prefix: turn k+1's prompt must extend
+turn k's prompt plus its sampled ids. `continue_prompt` builds that prompt from the recorded ids
+rather than a re-tokenization of the reply's text (which does not give back the sampled tokens): the
+new conversation's templated text must begin with the text of the recorded ids, and only the rest
+(the tool's result, the next user turn, the template's tokens around them) is tokenized. Where it
+does not (the client edited the history), the prompt is tokenized whole, and the turn records that it
+does not extend and where it diverges: the mismatch is kept, not hidden.
+
+An episode ends with a turn that calls no tool (the agent's final answer) or when the client says
+so (`end`). Its reward comes from the client (`POST /v1/episodes/{id}/reward`) or a verifier; an
+ended episode whose reward has not come within `reward_timeout_s` is dropped and counted. Episodes
+form GRPO groups by `group_id` (by default the episode's own id; a first turn with `n` choices
+starts `n` episodes, `ID-0` ... `ID-{n-1}`, in group `ID`).
+
+`training_sequence` turns a stitched episode into one sequence for the trainer: the first turn's
+prompt, then everything after it, with the loss mask on the sampled ids only and their behaviour
+log-probs (`rlsched.rl.update.TrainItem`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from rlsched.model.tokenizer import Tokenizer
+
+Clock = Callable[[], float]
+
+
+class EndReason(StrEnum):
+    FINAL_ANSWER = "no_tool_call"  # a turn that called no tool
+    CLIENT = "client"  # POST /v1/episodes/{id}/end, or a reward
+
+
+class EpisodeError(ValueError):
+    """A request about an episode that cannot be honoured (the status says why)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Turn:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_version: int
+    submitted: float
+    first_token: float | None
+    finished: float
+    finish_reason: str
+    called_tool: bool
+    extends: bool  # the prompt extends the previous turn's prompt and sampled ids (True for the first)
+    diverged_at: int | None = None  # where it stops extending them, when it does not
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "prompt_ids": list(self.prompt_ids),
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "weight_version": self.weight_version,
+            "submitted": self.submitted,
+            "first_token": self.first_token,
+            "finished": self.finished,
+            "finish_reason": self.finish_reason,
+            "called_tool": self.called_tool,
+            "extends": self.extends,
+            "diverged_at": self.diverged_at,
+        }
+
+
+@dataclass
+class Episode:
+    id: str
+    group_id: str
+    created: float
+    turns: list[Turn] = field(default_factory=list)
+    ended: EndReason | None = None
+    ended_at: float | None = None
+    reward: float | None = None
+
+    @property
+    def stitched(self) -> bool:
+        """Every turn extends the one before: one token sequence, no gap."""
+        return all(t.extends for t in self.turns)
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted({t.weight_version for t in self.turns})
+
+    @property
+    def mixed(self) -> bool:
+        """Its turns were sampled by more than one weight version."""
+        return len(self.versions) > 1
+
+    @property
+    def ready(self) -> bool:
+        return self.ended is not None and self.reward is not None
+
+    def history(self) -> tuple[int, ...]:
+        """The last turn's prompt and sampled ids: what the next turn's prompt must extend."""
+        last = self.turns[-1]
+        return (*last.prompt_ids, *last.token_ids)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "group_id": self.group_id,
+            "created": self.created,
+            "ended": None if self.ended is None else str(self.ended),
+            "ended_at": self.ended_at,
+            "reward": self.reward,
+            "stitched": self.stitched,
+            "mixed": self.mixed,
+            "versions": self.versions,
+            "turns": [t.as_json() for t in self.turns],
+        }
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    prompt_ids: tuple[int, ...]  # the first turn's prompt
+    token_ids: tuple[int, ...]  # everything after it, to the end of the last turn's reply
+    logprobs: tuple[float, ...]  # the behaviour log-prob of each sampled token, 0 elsewhere
+    mask: tuple[float, ...]  # 1 on sampled tokens, 0 on tool results and template tokens
+
+
+def training_sequence(episode: Episode) -> TrainingSequence:
+    """The stitched episode as one sequence; refused (ValueError) when it is not stitched."""
+    if not episode.turns:
+        raise ValueError(f"episode {episode.id} has no turns")
+    if not episode.stitched:
+        bad = next(t for t in episode.turns if not t.extends)
+        raise ValueError(
+            f"episode {episode.id} is not one sequence: turn {bad.request_id} does not extend the one "
+            f"before it (from token {bad.diverged_at})"
+        )
+    first = len(episode.turns[0].prompt_ids)
+    full = episode.history()
+    mask = [0.0] * (len(full) - first)
+    logprobs = [0.0] * (len(full) - first)
+    for turn in episode.turns:
+        start = len(turn.prompt_ids) - first
+        for k, lp in enumerate(turn.logprobs):
+            mask[start + k] = 1.0
+            logprobs[start + k] = lp
+    return TrainingSequence(full[:first], full[first:], tuple(logprobs), tuple(mask))
+
+
+def continue_prompt(
+    episode: Episode | None, text: str, tokenizer: Tokenizer, prefix_ids: Sequence[int] = ()
+) -> tuple[list[int], bool, int | None]:
+    """The prompt ids for the templated `text` of a turn in `episode` (after `prefix_ids`, the MLC
+    template's system prefix), and whether they extend its last turn (and where not)."""
+    whole = [*prefix_ids, *tokenizer.encode(text)]
+    if episode is None or not episode.turns:
+        return whole, True, None
+    history = list(episode.history())
+    said = tokenizer.decode(history[len(prefix_ids) :], skip_special_tokens=False)
+    if text.startswith(said):
+        return [*history, *tokenizer.encode(text[len(said) :])], True, None
+    if whole[: len(history)] == history:
+        return whole, True, None
+    diverged = next((k for k, (a, b) in enumerate(zip(whole, history, strict=False)) if a != b), len(whole))
+    return whole, False, diverged
+
+
+class EpisodeStore:
+    """The endpoint's episodes, in memory (a job's commit log makes them durable: the next issue)."""
+
+    def __init__(self, reward_timeout_s: float = 600.0, clock: Clock = time.time) -> None:
+        self.reward_timeout_s = reward_timeout_s
+        self.clock = clock
+        self._episodes: dict[str, Episode] = {}
+        self.dropped_no_reward = 0
+
+    def __len__(self) -> int:
+        return len(self._episodes)
+
+    def get(self, episode_id: str) -> Episode:
+        self._expire()
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise EpisodeError(404, f"no episode '{episode_id}' (it never started, or it was dropped)")
+        return episode
+
+    def find(self, episode_id: str) -> Episode | None:
+        self._expire()
+        return self._episodes.get(episode_id)
+
+    def open_turn(self, episode_id: str) -> Episode | None:
+        """The episode a new turn continues (None: the turn starts it); refused once it ended."""
+        episode = self.find(episode_id)
+        if episode is not None and episode.ended is not None:
+            raise EpisodeError(
+                409, f"episode '{episode_id}' ended ({episode.ended}); start a new episode id for a new one"
+            )
+        return episode
+
+    def record(self, episode_id: str, group_id: str | None, turn: Turn) -> Episode:
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            episode = Episode(episode_id, group_id or episode_id, self.clock())
+            self._episodes[episode_id] = episode
+        episode.turns.append(turn)
+        if not turn.called_tool and turn.finish_reason != "length":
+            self._end(episode, EndReason.FINAL_ANSWER)
+        return episode
+
+    def end(self, episode_id: str) -> Episode:
+        episode = self.get(episode_id)
+        if episode.ended is None:
+            self._end(episode, EndReason.CLIENT)
+        return episode
+
+    def reward(self, episode_id: str, reward: float) -> Episode:
+        episode = self.get(episode_id)
+        if episode.reward is not None:
+            raise EpisodeError(409, f"episode '{episode_id}' already has its reward ({episode.reward})")
+        episode.reward = reward
+        if episode.ended is None:
+            self._end(episode, EndReason.CLIENT)
+        return episode
+
+    def all(self) -> list[Episode]:
+        self._expire()
+        return sorted(self._episodes.values(), key=lambda e: e.created)
+
+    def ready(self) -> list[Episode]:
+        """Ended, rewarded episodes, oldest first."""
+        self._expire()
+        return sorted((e for e in self._episodes.values() if e.ready), key=lambda e: e.created)
+
+    def take(self, episode_ids: Sequence[str]) -> list[Episode]:
+        """Remove and return these episodes (a trainer took them as its batch)."""
+        return [self._episodes.pop(i) for i in episode_ids if i in self._episodes]
+
+    def _end(self, episode: Episode, why: EndReason) -> None:
+        episode.ended, episode.ended_at = why, self.clock()
+
+    def _expire(self) -> None:
+        now = self.clock()
+        late = [
+            e.id
+            for e in self._episodes.values()
+            if e.ended_at is not None and e.reward is None and now - e.ended_at > self.reward_timeout_s
+        ]
+        for episode_id in late:
+            del self._episodes[episode_id]
+        self.dropped_no_reward += len(late)

@@ -1,0 +1,334 @@
+"""The OpenAI endpoint under load, on SmolLM2-135M-Instruct: 64 streaming clients at once on loopback,
+against the same requests handed to the engine directly.
+
+    .venv/bin/python scripts/bench_endpoint.py [--clients 64] [--tokens 64] [--repeats 3]
+
+Workload: `--clients` chat requests (one system prompt, a different question each, SmolLM2's chat
+template), sampled at temperature 1 with a seed per request and `ignore_eos`, so each decodes exactly
+`--tokens` tokens. Each repeat runs, in this order:
+
+- *direct*: the templated ids straight to `TorchRolloutEngine.generate` (the bound);
+- *endpoint*: every client opens a streamed `/v1/chat/completions` at once (httpx, one asyncio loop
+  in a separate process, so parsing the stream does not share the server's interpreter); time to
+  the first content token, the gaps between content chunks, and the wall time from the first request
+  to the last `[DONE]`.
+
+Throughput is completion tokens over wall time; the endpoint's overhead is 1 - endpoint/direct
+(goal: at most 10%). Both run with the prefix cache off, so the two compute the same. Then, once:
+
+- *429*: a second app over the same engine with `max_waiting` 8 takes `clients + 24` requests at once:
+  the rows fill, eight wait, and the rest are refused with 429 and `Retry-After`;
+- *disconnects*: 16 clients read three events of a long generation and close the connection; the
+  engine must end with nothing running or waiting, and the abort counter must say 16.
+
+Figures are medians over `--repeats`. Writes bench_results/bench_endpoint.json (or --json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import uvicorn
+from _bench import parser, table, write
+
+from rlsched.config import EndpointConfig
+from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
+from rlsched.serve.app import build_app
+from rlsched.serve.server import Running, local_served, start
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEM = "You are a helpful assistant. Answer in full sentences."
+TOPICS = [
+    "rivers",
+    "bread",
+    "stars",
+    "trains",
+    "honey",
+    "glass",
+    "maps",
+    "clocks",
+    "salt",
+    "tides",
+    "moss",
+    "kites",
+]
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Question {i}: tell me something about {TOPICS[i % len(TOPICS)]}."},
+    ]
+
+
+def body(i: int, tokens: int, seed: int, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": messages(i),
+        "max_tokens": tokens,
+        "temperature": 1.0,
+        "seed": seed + i,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+# -- the clients (a separate process) -------------------------------------------------------------------
+
+
+async def _one(client: httpx.AsyncClient, payload: dict[str, Any]) -> dict[str, Any]:
+    sent = time.perf_counter()
+    arrivals: list[float] = []
+    async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            return {"status": resp.status_code, "retry_after": resp.headers.get("retry-after")}
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                arrivals.append(time.perf_counter())
+    return {"status": 200, "sent": sent, "arrivals": arrivals, "done": time.perf_counter()}
+
+
+async def _many(url: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=len(payloads) + 8, max_keepalive_connections=len(payloads) + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        return list(await asyncio.gather(*(_one(client, p) for p in payloads)))
+
+
+async def _leave_early(url: str, payloads: list[dict[str, Any]], events: int) -> int:
+    async def one(client: httpx.AsyncClient, payload: dict[str, Any]) -> int:
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
+            seen = 0
+            async for _ in resp.aiter_lines():
+                seen += 1
+                if seen >= events:
+                    break
+            return resp.status_code
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        codes = await asyncio.gather(*(one(client, p) for p in payloads))
+    return sum(c == 200 for c in codes)
+
+
+def _clients(job: tuple[str, str, list[dict[str, Any]]], out: Any) -> None:
+    kind, url, payloads = job
+    if kind == "stream":
+        out.put(asyncio.run(_many(url, payloads)))
+    else:
+        out.put(asyncio.run(_leave_early(url, payloads, 3)))
+
+
+def run_clients(kind: str, url: str, payloads: list[dict[str, Any]]) -> Any:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_clients, args=((kind, url, payloads), out))
+    proc.start()
+    result = out.get()
+    proc.join()
+    return result
+
+
+# -- the measurements ---------------------------------------------------------------------------------------
+
+
+def direct(running: Running, n: int, tokens: int, seed: int) -> dict[str, float]:
+    served = running.served
+    engine = served.backend.engine  # type: ignore[attr-defined]
+    reqs = []
+    for i in range(n):
+        ids = served.tokenizer.encode(
+            served.tokenizer.hf.apply_chat_template(messages(i), tokenize=False, add_generation_prompt=True)
+        )
+        params = SamplingParams(temperature=1.0, seed=seed + i, max_tokens=tokens, stop_token_ids=())
+        reqs.append(GenerationRequest(RequestId(f"direct-{i}"), tuple(ids), params))
+    start_t = time.perf_counter()
+    produced = sum(s.num_tokens for s in engine.generate(reqs))
+    wall = time.perf_counter() - start_t
+    return {"wall_s": wall, "tokens": produced, "tokens_per_s": produced / wall}
+
+
+def endpoint(running: Running, n: int, tokens: int, seed: int) -> dict[str, Any]:
+    payloads = [body(i, tokens, seed, running.served.model_name) for i in range(n)]
+    results = run_clients("stream", f"http://{running.host}:{running.port}", payloads)
+    ok = [r for r in results if r["status"] == 200]
+    first = min(r["sent"] for r in ok)
+    last = max(r["done"] for r in ok)
+    ttft = [r["arrivals"][0] - r["sent"] for r in ok if r["arrivals"]]
+    gaps = [b - a for r in ok for a, b in zip(r["arrivals"], r["arrivals"][1:], strict=False)]
+    produced = n * tokens
+    wall = last - first
+    return {
+        "ok": len(ok),
+        "wall_s": wall,
+        "tokens": produced,
+        "tokens_per_s": produced / wall,
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p99_s": _pct(ttft, 99),
+        "itl_p50_s": _pct(gaps, 50),
+        "itl_p99_s": _pct(gaps, 99),
+    }
+
+
+def refusals(running: Running, n: int, max_waiting: int) -> dict[str, Any]:
+    """A second app over the same engine, with a small queue limit."""
+    cfg = EndpointConfig(port=0, max_waiting=max_waiting)
+    app = build_app(running.served, cfg)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    total = n + max_waiting + 24
+    payloads = [body(i, 32, 0, running.served.model_name) for i in range(total)]
+    results = run_clients("stream", f"http://127.0.0.1:{port}", payloads)
+    server.should_exit = True
+    thread.join()
+    refused = [r for r in results if r["status"] == 429]
+    return {
+        "sent": total,
+        "rows": n,
+        "max_waiting": max_waiting,
+        "served": sum(r["status"] == 200 for r in results),
+        "refused_429": len(refused),
+        "retry_after": sorted({r["retry_after"] for r in refused}),
+        "other": sorted({r["status"] for r in results} - {200, 429}),
+    }
+
+
+def disconnects(running: Running, clients: int) -> dict[str, Any]:
+    url = f"http://{running.host}:{running.port}"
+    before = _aborted(url)
+    payloads = [body(i, 4000, 0, running.served.model_name) for i in range(clients)]
+    opened = run_clients("leave", url, payloads)
+    backend = running.served.backend
+    deadline = time.monotonic() + 60
+    while (backend.running or backend.waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {
+        "clients": clients,
+        "opened": opened,
+        "aborted": _aborted(url) - before,
+        "left_running": backend.running,
+        "left_waiting": backend.waiting,
+    }
+
+
+def _aborted(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("rlsched_endpoint_aborted_total"):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
+
+
+def main() -> None:
+    ap = parser(__doc__, "bench_endpoint")
+    ap.add_argument("--checkpoint", type=Path, default=ROOT / "models" / "smollm2-135m-instruct")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if not args.checkpoint.is_dir():
+        raise SystemExit(f"{args.checkpoint} is missing: run `make model-smollm2` first")
+    served = local_served(
+        args.checkpoint, model_name="smollm2", max_batch=args.clients, prefix_cache_tokens=0
+    )
+    running = start(served, EndpointConfig(port=0, max_waiting=1024))
+    try:
+        direct(running, 8, 8, args.seed)  # warm-up: the first forwards allocate
+        endpoint(running, 8, 8, args.seed)
+        runs = []
+        for r in range(args.repeats):
+            d = direct(running, args.clients, args.tokens, args.seed + 1000 * r)
+            e = endpoint(running, args.clients, args.tokens, args.seed + 1000 * r)
+            runs.append({"direct": d, "endpoint": e, "ratio": e["tokens_per_s"] / d["tokens_per_s"]})
+        limit = refusals(running, args.clients, 8)
+        left = disconnects(running, 16)
+    finally:
+        running.stop()
+
+    def med(key: str, sub: str) -> float:
+        return statistics.median(run[sub][key] for run in runs)
+
+    ratio = statistics.median(run["ratio"] for run in runs)
+    rows = [
+        [
+            "direct",
+            f"{med('tokens_per_s', 'direct'):.0f}",
+            f"{med('wall_s', 'direct'):.2f}",
+            "-",
+            "-",
+            "-",
+            "-",
+            "1.00",
+        ],
+        [
+            "endpoint",
+            f"{med('tokens_per_s', 'endpoint'):.0f}",
+            f"{med('wall_s', 'endpoint'):.2f}",
+            f"{med('ttft_p50_s', 'endpoint') * 1e3:.0f}",
+            f"{med('ttft_p99_s', 'endpoint') * 1e3:.0f}",
+            f"{med('itl_p50_s', 'endpoint') * 1e3:.0f}",
+            f"{med('itl_p99_s', 'endpoint') * 1e3:.0f}",
+            f"{ratio:.3f}",
+        ],
+    ]
+    table(
+        f"{args.clients} clients x {args.tokens} tokens, SmolLM2-135M ({torch.get_num_threads()} threads), "
+        f"median of {args.repeats}",
+        ["path", "tok/s", "wall s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "of direct"],
+        rows,
+        width=120,
+    )
+    print(
+        f"overhead {1 - ratio:.1%} (goal <= 10%); 429: {limit['refused_429']} of {limit['sent']} refused "
+        f"(Retry-After {limit['retry_after']}), {limit['served']} served; disconnects: "
+        f"{left['aborted']:.0f} of {left['clients']} aborted, {left['left_running']} running and "
+        f"{left['left_waiting']} waiting after"
+    )
+    write(
+        args.json,
+        {
+            "workload": {
+                "checkpoint": str(args.checkpoint),
+                "clients": args.clients,
+                "tokens": args.tokens,
+                "repeats": args.repeats,
+                "sampling": "temperature 1, seed per request, ignore_eos",
+                "machine": platform.processor() or platform.machine(),
+                "threads": torch.get_num_threads(),
+            },
+            "seed": args.seed,
+            "runs": runs,
+            "bound": "direct: the same requests to TorchRolloutEngine.generate in the same run",
+            "endpoint_over_direct_median": ratio,
+            "overhead_median": 1 - ratio,
+            "goal_overhead": 0.10,
+            "queue_limit": limit,
+            "disconnects": left,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
