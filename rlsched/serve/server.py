@@ -86,10 +86,12 @@ class Running:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def stop(self) -> None:
+    def stop(self, close_backend: bool = True) -> None:
+        """Stop serving; `close_backend=False` leaves the engine to another app over it."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
-        self.served.backend.close()
+        if close_backend:
+            self.served.backend.close()
 
 
 def start(served: Served, cfg: EndpointConfig) -> Running:

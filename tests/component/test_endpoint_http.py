@@ -188,3 +188,27 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_one_client_past_its_concurrency_limit_gets_429_while_others_are_served(server: Running) -> None:
+    """A second app over the same engine with `max_per_client` 2: a client (`user`) with two streams
+    running is refused a third; another client is not."""
+    other = start(server.served, EndpointConfig(port=0, api_key="sekret", max_per_client=2))
+    try:
+        base = f"http://{other.host}:{other.port}"
+        with httpx.Client(base_url=base, headers={"Authorization": "Bearer sekret"}, timeout=60) as http2:
+            long = chat(stream=True, max_tokens=3000, ignore_eos=True, user="alice")
+            with contextlib.ExitStack() as streams:
+                for _ in range(2):
+                    streams.enter_context(http2.stream("POST", "/v1/chat/completions", json=long))
+                refused = http2.post("/v1/chat/completions", json=chat(max_tokens=2, user="alice"))
+                assert refused.status_code == 429 and "alice" in str(error_of(refused)["message"])
+                assert (
+                    http2.post("/v1/chat/completions", json=chat(max_tokens=2, user="bob")).status_code == 200
+                )
+            wait_for(lambda: server.served.backend.running == 0)
+            assert (
+                http2.post("/v1/chat/completions", json=chat(max_tokens=2, user="alice")).status_code == 200
+            )
+    finally:
+        other.stop(close_backend=False)
