@@ -160,6 +160,12 @@ def _add_serve(sub: Any) -> None:
         help="a Jinja chat template to use instead of the checkpoint's (e.g. "
         "configs/chat_templates/smollm2_tools.jinja, which renders tools)",
     )
+    serve.add_argument(
+        "--engine",
+        choices=["torch", "vllm"],
+        default="torch",
+        help="the engine (vllm: where it is installed)",
+    )
     serve.add_argument("--max-batch", type=_positive, default=64, help="sequences generated at once")
     serve.add_argument(
         "--prefix-cache-tokens",

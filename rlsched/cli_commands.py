@@ -192,7 +192,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from rlsched.config import EndpointConfig
+    from rlsched.config import EndpointConfig, EngineKind
     from rlsched.serve.server import local_served, start
 
     if not args.checkpoint.is_dir():
@@ -211,6 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = local_served(
         args.checkpoint, template=args.template, chat_template=args.chat_template,
         model_name=args.model_name, max_batch=args.max_batch, prefix_cache_tokens=args.prefix_cache_tokens,
+        engine=EngineKind(args.engine),
     )  # fmt: skip
     try:
         running = start(served, cfg)

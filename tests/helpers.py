@@ -53,3 +53,20 @@ def dataset_task(path: Path, *sets: str) -> Any:
     task = build_task(TaskConfig.model_validate(tree["task"]))
     assert isinstance(task, DatasetTask)
     return task
+
+
+def leave_stream_early(
+    client: Any, backend: Any, model: str, messages: Any, max_tokens: int, timeout_s: float = 30.0
+) -> tuple[int, int]:
+    """Open a long `openai` stream, read a few events, close it as a departing client does, and
+    wait for the endpoint's backend to idle; what it then has (running, waiting)."""
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True}
+    )
+    for _, _chunk in zip(range(5), stream, strict=False):
+        pass
+    stream.close()
+    deadline = time.monotonic() + timeout_s
+    while (backend.running or backend.waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return backend.running, backend.waiting

@@ -36,9 +36,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from rlsched.engine.protocol import (
     PartialSink,
     RequestId,
     Sample,
+    TokenEvent,
     WeightVersion,
     check_fits,
 )
@@ -58,6 +59,16 @@ from rlsched.model.tokenizer import Tokenizer
 from rlsched.transfer.manifest import Buffer
 
 MIN_HEAD_DIM = 32  # the smallest head dimension vLLM's CPU attention supports
+
+
+def _top(dist: dict[int, Any], k: int) -> tuple[tuple[int, float], ...]:
+    """The `k` likeliest tokens of a step's log-prob dict (vLLM adds the sampled one beside them)."""
+    if k == 0:
+        return ()
+    ranked = sorted(dist.items(), key=lambda item: item[1].rank or 0)
+    return tuple((t, lp.logprob) for t, lp in ranked if lp.rank is not None and lp.rank <= k)
+
+
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -181,6 +192,7 @@ class VllmRolloutEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._vllm = vllm
+        self.max_batch = max_batch
         self.tokenizer = Tokenizer.from_dir(checkpoint)
         self._context = info.context_length
         self._version = WeightVersion(version)
@@ -196,6 +208,7 @@ class VllmRolloutEngine:
             enforce_eager=True,
             seed=seed,
             enable_prefix_caching=True,
+            scheduling_policy="priority",  # the endpoint's `priority`, lower first; then arrival order
             worker_extension_cls="rlsched.engine.vllm_ext.RlschedWeights",
         )
         self._engine = self._call(self._make(AsyncLLM, args))
@@ -308,7 +321,9 @@ class VllmRolloutEngine:
             stop=list(p.stop) or None,
             stop_token_ids=list(p.stop_token_ids) or None,
             ignore_eos=True,
-            logprobs=0,
+            logprobs=p.top_logprobs,
+            min_p=p.min_p,
+            repetition_penalty=p.repetition_penalty,
             prompt_logprobs=0 if req.resume_ids else None,
             detokenize=bool(p.stop),
         )
@@ -362,6 +377,45 @@ class VllmRolloutEngine:
             stop_reason=stop_reason,
             resumed_tokens=len(req.resume_ids),
         )
+
+    def stream(
+        self,
+        req: GenerationRequest,
+        priority: int,
+        on_tokens: Callable[[list[TokenEvent]], object],
+        on_done: Callable[[Sample | BaseException], object],
+    ) -> None:
+        """Run `req` (no resumed tokens) on vLLM's loop: `on_tokens` gets each step's new tokens,
+        then `on_done` the sample (or what went wrong), both called on that loop's thread."""
+        self.check(req)
+        asyncio.run_coroutine_threadsafe(self._stream(req, priority, (on_tokens, on_done)), self._loop)
+
+    async def _stream(self, req: GenerationRequest, priority: int, callbacks: tuple[Any, Any]) -> None:
+        from vllm.inputs import TokensPrompt
+
+        on_tokens, on_done = callbacks
+
+        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
+        sent, k = 0, req.params.top_logprobs
+        try:
+            gen = self._engine.generate(prompt, self._params(req), str(req.request_id), priority=priority)
+            async for out in gen:
+                c = out.outputs[0]
+                ids, dists = list(c.token_ids), list(c.logprobs or [])
+                new = [
+                    TokenEvent(req.request_id, t, d[t].logprob, _top(d, k))
+                    for t, d in zip(ids[sent:], dists[sent:], strict=False)
+                ]
+                sent = len(ids)
+                if new:
+                    on_tokens(new)
+                if out.finished:
+                    lps = [d[t].logprob for d, t in zip(dists, ids, strict=False)]
+                    sample = self._sample(req, ids, lps, [], c.finish_reason, c.stop_reason)
+                    on_done(replace(sample, cached_tokens=int(out.num_cached_tokens or 0)))
+                    return
+        except Exception as err:  # noqa: BLE001 - handed to the caller's callback
+            on_done(err)
 
     def abort(self, request_id: RequestId) -> None:
         self._call(self._engine.abort(str(request_id)))

@@ -15,11 +15,14 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rlsched.engine.intake import Intake, IntakeClosed
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, TokenEvent
 from rlsched.engine.torch_engine import TorchRolloutEngine
+
+if TYPE_CHECKING:
+    from rlsched.engine.vllm import VllmRolloutEngine
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +154,62 @@ class LocalEngine:
         queues, self._queues = self._queues, {}
         for queue in queues.values():
             queue.put_nowait(err)
+
+
+class VllmEngine:
+    """A vLLM engine in this process: each request goes to `AsyncLLM` on the engine's own loop
+    (`VllmRolloutEngine.stream`), with its `priority`; vLLM batches and schedules them. A request
+    counts as waiting until its first token."""
+
+    def __init__(self, engine: VllmRolloutEngine) -> None:
+        self.engine = engine
+        self._queues: dict[RequestId, asyncio.Queue[Event]] = {}
+        self._started: set[RequestId] = set()
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queues) - len(self._started)
+
+    @property
+    def running(self) -> int:
+        return len(self._started)
+
+    @property
+    def backlog(self) -> int:
+        return max(0, self.waiting - (self.engine.max_batch - self.running))
+
+    def submit(self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event]) -> None:
+        loop = asyncio.get_running_loop()
+        self.engine.check(req)
+        self._queues[req.request_id] = events
+        rid = req.request_id
+        self.engine.stream(
+            req,
+            priority,
+            lambda evs: loop.call_soon_threadsafe(self._tokens, rid, evs),
+            lambda out: loop.call_soon_threadsafe(self._done, rid, out),
+        )
+
+    def cancel(self, request_id: RequestId) -> None:
+        if self._queues.pop(request_id, None) is not None:
+            self._started.discard(request_id)
+            self.engine.abort(request_id)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def _tokens(self, rid: RequestId, events: list[TokenEvent]) -> None:
+        queue = self._queues.get(rid)
+        if queue is not None:
+            self._started.add(rid)
+            queue.put_nowait(events)
+
+    def _done(self, rid: RequestId, out: Sample | BaseException) -> None:
+        self._started.discard(rid)
+        queue = self._queues.pop(rid, None)
+        if queue is not None:
+            queue.put_nowait(out)

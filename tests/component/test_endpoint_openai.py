@@ -13,6 +13,7 @@ from openai import OpenAI
 
 from rlsched.config import EndpointConfig
 from rlsched.serve.server import Running, local_served, start
+from tests.helpers import leave_stream_early
 
 pytestmark = pytest.mark.slow
 
@@ -111,19 +112,7 @@ def test_the_completions_route(client: OpenAI) -> None:
 
 
 def test_a_client_that_disconnects_mid_generation_frees_its_row(client: OpenAI, server: Running) -> None:
-    stream = client.chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=4000, stream=True, extra_body={"ignore_eos": True}
-    )
-    for _, _chunk in zip(range(5), stream, strict=False):
-        pass
-    stream.close()
-    backend = server.served.backend
-    import time
-
-    deadline = time.monotonic() + 30
-    while backend.running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert (backend.running, backend.waiting) == (0, 0)
+    assert leave_stream_early(client, server.served.backend, MODEL, QUESTION, 4000) == (0, 0)
 
 
 def test_a_repeated_system_prompt_is_served_from_the_prefix_cache(client: OpenAI) -> None:

@@ -1,0 +1,61 @@
+"""The endpoint over the vLLM engine (`rlsched serve --engine vllm`), with the `openai` client, on
+SmolLM2-135M-Instruct: streamed deltas join to the message, `n` and `priority` pass through, vLLM's
+own prefix cache reports `cached_tokens`, and a client that leaves frees its sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from rlsched.config import EndpointConfig, EngineKind
+from rlsched.serve.server import Running, local_served, start
+from tests.helpers import leave_stream_early
+
+pytest.importorskip("vllm")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+MODEL = "smollm2"
+SYSTEM = " ".join(f"Rule {i}: answer politely and briefly, and never invent facts." for i in range(40))
+ASK = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir: Path) -> Iterator[Running]:
+    served = local_served(smollm2_dir, model_name=MODEL, max_batch=8, engine=EngineKind.VLLM)
+    running = start(served, EndpointConfig(port=0))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Running) -> OpenAI:
+    return OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def test_streamed_deltas_join_to_the_message_and_the_prefix_cache_reports_hits(client: OpenAI) -> None:
+    kw: dict[str, Any] = {"model": MODEL, "messages": ASK, "max_tokens": 24, "seed": 3, "temperature": 0.8}
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and text
+    usage = chunks[-1].usage
+    assert usage is not None and whole.usage is not None
+    assert usage.prompt_tokens == whole.usage.prompt_tokens > 300
+    assert usage.prompt_tokens_details.cached_tokens > 0  # the same long prompt a second time
+
+
+def test_n_and_priority_pass_through(client: OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=8, n=2, seed=1, temperature=1.0, extra_body={"priority": -1}
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert reply.usage is not None and reply.usage.completion_tokens <= 16
+
+
+def test_a_client_that_leaves_frees_its_sequence(client: OpenAI, server: Running) -> None:
+    assert leave_stream_early(client, server.served.backend, MODEL, ASK, 1500) == (0, 0)
