@@ -15,6 +15,11 @@ iteration's core (`rlsched.core.iteration`) asks for them.
                             confirms the checksum;
 7. `commit`               - the iteration record (`actors.records`), appended and fsync'ed by the caller.
 
+With `rollout.endpoint.enabled`, the OpenAI endpoint (`actors.endpoint`) serves the same fleet: step
+3 adds the episodes its clients ended and rewarded since the last iteration to the batch
+(`rlsched.rl.episodes`), and step 6 leaves in place the instances its open episodes are pinned to
+(`rlsched.policy.routing.hold_back`), then tells it the fleet and the version.
+
 The controller runs in the driver and holds only handles and bookkeeping; every span it records is
 on its own clock (request sent -> sample arrived, dispatched -> outcome received).
 """
@@ -44,8 +49,10 @@ from rlsched.core.demand import training_devices
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
+from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import DispatchPolicy, generation_order
 from rlsched.rl.assemble import assemble
+from rlsched.rl.episodes import episode_batch
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task
@@ -91,6 +98,7 @@ class JobController:
         self.fleet.publish(self.group.publish(0))
         self.fleet.reload()
         self.fleet.wait_serving()
+        self.endpoint: Any = self._start_endpoint() if cfg.rollout.endpoint.enabled else None
 
     # -- the iteration's core ----------------------------------------------------------------------
 
@@ -213,7 +221,50 @@ class JobController:
 
     def reload(self, meta: PublishedVersion) -> None:
         self.fleet.publish(meta)
-        self.fleet.reload()
+        self.fleet.reload(self._held(meta.version))
+        if self.endpoint is not None:
+            ray.get(self.endpoint.sync.remote(self.fleet.live_handles(), meta.version))
+
+    # -- the OpenAI endpoint -----------------------------------------------------------------------
+
+    def _start_endpoint(self) -> Any:
+        """The endpoint over this job's fleet (`actors.endpoint`), its address printed."""
+        from actors.endpoint import EndpointActor
+
+        cfg = self.cfg
+        handle = EndpointActor.remote(  # type: ignore[attr-defined]
+            self.fleet.live_handles(), str(inspect_checkpoint(cfg.model.checkpoint).path),
+            cfg.rollout.endpoint, max_staleness=cfg.rollout.max_staleness, template=cfg.model.template,
+        )  # fmt: skip
+        host, port, name, context = ray.get(handle.address.remote())
+        self.log(
+            f"endpoint: {name} at http://{host}:{port}/v1 over the rollout fleet (context {context} "
+            "tokens); rewarded episodes join each iteration's batch (docs/endpoint.md)"
+        )
+        return handle
+
+    def _held(self, version: int) -> list[str]:
+        """Instances a reload to `version` leaves in place for the endpoint's pinned episodes."""
+        if self.endpoint is None:
+            return []
+        pins = ray.get(self.endpoint.pins.remote())
+        views = [InstanceView(n, True, v) for n, v in self.fleet.serving_versions().items()]
+        return sorted(hold_back(views, pins, version, self.cfg.rollout.max_staleness))
+
+    def episodes(self) -> tuple[list[TrainItem], dict[str, int]]:
+        """The endpoint's episodes ready since the last iteration, as train items, and the counts of
+        those taken, trained and left out."""
+        if self.endpoint is None:
+            return [], {}
+        taken = ray.get(self.endpoint.take_ready.remote())
+        batch = episode_batch(taken, keep_mixed=self.cfg.rollout.endpoint.train_mixed)
+        counts = {
+            "episodes": len(taken),
+            "episodes_trained": len(batch.items),
+            "episodes_mixed_dropped": len(batch.mixed),
+            "episodes_not_stitched": len(batch.not_stitched),
+        }
+        return batch.items, counts
 
     def run_iteration(self, iteration: int) -> IterationRecord:
         """One iteration, phase by phase; its spans are recorded as it goes."""
@@ -222,6 +273,8 @@ class JobController:
         self._feed(it.Started(start, iteration, tuple(r.request_id for r in requests)))
         samples, outcomes = self.generate_and_verify(iteration, requests, references)  # 2
         items, counts = self.assemble(phases.take(it.Update), samples, outcomes)  # 3
+        episode_items, episode_counts = self.episodes()  # the endpoint's, if it runs
+        items = [*items, *episode_items]
         loss = self.update(iteration, items)  # 4
         self._feed(it.Updated(self.clock()))
         meta = self.publish(iteration, phases.take(it.Publish).version)  # 5
@@ -240,7 +293,7 @@ class JobController:
             "verifier_pool": asdict(self.verification.pool.counts),  # since the job started
             "fleet": asdict(self.fleet.counts),  # since the job started
             "serving": sorted(self.fleet.serving()),
-        }
+        } | ({"endpoint": episode_counts} if self.endpoint is not None else {})
         return record_of(iteration, version, samples, outcomes, len(items), counts, loss, extra)  # 7
 
     # -- evaluation, the trained policy and shutdown ----------------------------------------------
@@ -265,6 +318,9 @@ class JobController:
         return write_checkpoint(source, bytes(pulled.blob), out, self.cfg.model.template)
 
     def shutdown(self) -> None:
+        if self.endpoint is not None:
+            ray.get(self.endpoint.stop.remote())
+            ray.kill(self.endpoint)
         self.fleet.shutdown()
         self.verification.shutdown()
         self.group.shutdown()

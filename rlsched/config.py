@@ -320,19 +320,10 @@ class EndpointConfig(Section):
     """The OpenAI-compatible HTTP endpoint over the rollout fleet (`rlsched serve`, docs/endpoint.md)."""
 
     enabled: bool = Field(
-        False, description="start the endpoint with the job (not yet: refused; use `rlsched serve`)"
+        False,
+        description="start the endpoint with the job, over its rollout fleet; its rewarded episodes join "
+        "each iteration's training batch",
     )
-
-    @field_validator("enabled")
-    @classmethod
-    def _not_with_a_job_yet(cls, enabled: bool) -> bool:
-        if enabled:
-            raise ValueError(
-                "the endpoint does not start with a job yet; serve the checkpoint beside it with "
-                "`rlsched serve CHECKPOINT` (docs/endpoint.md)"
-            )
-        return enabled
-
     host: str = Field("127.0.0.1", description="the address it binds; 0.0.0.0 serves other machines too")
     port: int = Field(8000, ge=0, le=65535, description="its port (0: any free one, printed at start)")
     api_key: str | None = Field(
@@ -348,6 +339,11 @@ class EndpointConfig(Section):
     )
     reward_timeout_s: float = Field(
         600.0, gt=0, description="an ended episode whose reward has not come by then is dropped (counted)"
+    )
+    train_mixed: bool = Field(
+        False,
+        description="train episodes sampled by more than one weight version (with each token's behaviour "
+        "log-prob); false: leave them out, counted",
     )
 
 
@@ -548,6 +544,11 @@ class JobConfig(Section):
     def _consistent(self) -> JobConfig:
         if self.eval.curve_size > self.task.eval_size:
             raise ValueError("eval.curve_size cannot exceed task.eval_size")
+        if self.rollout.endpoint.enabled and self.engine.kind is EngineKind.VLLM:
+            raise ValueError(
+                "rollout.endpoint streams from torch rollout instances; with engine.kind vllm, serve "
+                "beside the job with `rlsched serve CHECKPOINT --engine vllm`"
+            )
         return self
 
 

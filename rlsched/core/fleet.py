@@ -15,6 +15,8 @@ read from its clock, and carries out the effects returned, in order:
   a `WeightBook` (`rlsched.core.weights`), with the weight-version lifecycle.
 - Reloading: between iterations every serving instance pulls the new version; `ReloadDone` once they
   all have. Joiners already pulling go on and catch up afterwards.
+  A reload may hold serving instances at their version for the OpenAI endpoint's episodes pinned
+  there (`ReloadAsked.hold`), while that version stays admissible; one instance always reloads.
 - Relaying (`FleetParams.relay`): a reload follows `relay_plan`, each instance pulling from the one
   before it in its pipelined chain; a lone joiner or catch-up pulls from the peers that hold or pull
   the version (`WeightBook.peers_for`) when the best of them would feed it at least as fast as the
@@ -146,6 +148,10 @@ class FleetCore:
 
     def serving(self) -> list[str]:
         return [m.name for m in self.members.values() if self._serves(m)]
+
+    def serving_versions(self) -> dict[str, int]:
+        """The version each serving instance holds."""
+        return {m.name: m.version for m in self.members.values() if self._serves(m)}
 
     def pulling(self) -> list[str]:
         return [m.name for m in self.members.values() if m.pull is not None]
@@ -343,12 +349,27 @@ class FleetCore:
             for m in self.members.values()
             if m.state is _S.READY or (m.state is _S.ALLOCATED and m.pull is None)
         ]
+        held = self._held(targets, e.hold)
+        targets = [m for m in targets if m.name not in held]
         self.reloading = {m.name for m in targets}
         plan = self._reload_plan(targets)
         for m in targets:
             self._pull(m, e.at, reload=True, sources=plan.get(m.name, ()))
         if not targets:
             self._reload_finished()
+
+    def _held(self, targets: list[_Member], hold: tuple[str, ...]) -> set[str]:
+        """The READY instances of `hold` whose version stays admissible, leaving one to reload."""
+        held = {
+            m.name
+            for m in targets
+            if m.name in hold and m.state is _S.READY and self.weights.admissible(m.version)
+        }
+        if held and len(held) == len(targets):
+            held.discard(min(held))
+        for name in sorted(held):
+            self._emit(fx.Note(f"{name} stays at v{self.members[name].version} for the endpoint's episodes"))
+        return held
 
     def _lone_sources(self, m: _Member, version: int) -> tuple[str, ...]:
         """A lone pull's peers (`WeightBook.peers_for`), if the best of them would feed it at least

@@ -127,9 +127,12 @@ class Published:
 @dataclass(slots=True)
 class ReloadAsked:
     """The reload phase: every serving instance (and every allocated one not yet pulling) takes the
-    latest version; `ReloadDone` follows once they all have."""
+    latest version; `ReloadDone` follows once they all have. `hold`: serving instances left at their
+    version for the endpoint's episodes pinned there (`rlsched.policy.routing.hold_back`), each only
+    while its version stays admissible, and never every one of them."""
 
     at: float
+    hold: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

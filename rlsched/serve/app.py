@@ -52,9 +52,10 @@ from rlsched.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
+from rlsched.engine.stream_server import EngineStopped, Event
 from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
-from rlsched.serve.backend import Backend, EngineStopped, Event
+from rlsched.serve.backend import Backend
 from rlsched.serve.episodes import EpisodeError, EpisodeStore, Turn, continue_prompt
 from rlsched.serve.output import ChoiceText
 from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt, forced_prefix, render_chat
@@ -165,6 +166,7 @@ class _Capture:
     group_id: str | None
     extends: bool
     diverged_at: int | None
+    pin: int | None  # the weight version the episode began on: its later turns ask for it
 
 
 class _Run:
@@ -207,9 +209,10 @@ class _Run:
         self.capture: _Capture | None = None
 
     def submit(self) -> None:
+        pin = self.capture.pin if self.capture is not None else None
         try:
             for req in self.reqs:
-                self.served.backend.submit(req, self.priority, self.events)
+                self.served.backend.submit(req, self.priority, self.events, pin)
         except RequestRejected as err:
             self.cancel()
             raise ApiError(400, str(err)) from None
@@ -465,12 +468,14 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         logprobs: bool,
         tools: bool,
         forced: str = "",
+        capture: _Capture | None = None,
     ) -> tuple[_Run, str]:
         client = req.user or authorize(request)
         admit(client)
         default = None if isinstance(req, ChatCompletionRequest) else 16
         params = sampling(req, len(prompt), default)
         run = _Run(served, prompt, params, req.priority, logprobs, tools, cfg.timeout_s, forced)
+        run.capture = capture
         run.submit()
         clients[client] += 1
         metrics.prompt_tokens.inc(len(prompt))
@@ -502,7 +507,8 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         prompt, extends, diverged = continue_prompt(episode, text, served.tokenizer, prefix)
         ids = [episode_id] if body.n == 1 else [f"{episode_id}-{i}" for i in range(body.n)]
         group = group_id or (episode.group_id if episode is not None else episode_id)
-        return prompt, _Capture(ids, group, extends, diverged)
+        pin = episode.turns[0].weight_version if episode is not None and episode.turns else None
+        return prompt, _Capture(ids, group, extends, diverged, pin)
 
     def episode_or_404(episode_id: str) -> Any:
         try:
@@ -580,8 +586,9 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             raise ApiError(400, str(err), param="messages") from None
         tools = bool(body.tools) and body.tool_choice != "none"
         forced = forced_prefix(body)
-        run, client = await start(body, request, prompt, logprobs=body.logprobs, tools=tools, forced=forced)
-        run.capture = capture
+        run, client = await start(
+            body, request, prompt, logprobs=body.logprobs, tools=tools, forced=forced, capture=capture
+        )
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chunks = _chat_chunks(run, include_usage, body.return_token_ids)

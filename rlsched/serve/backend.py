@@ -1,36 +1,29 @@
 """What the HTTP layer generates through: token ids in, each sampled token and then the finished
 sample out, on the server's asyncio loop.
 
-`LocalEngine` runs a torch engine in this process: one thread drives `TorchRolloutEngine.serve` over
-an open `Intake`, so requests join the running batch between two decoding steps (continuous
-batching), lowest `priority` first. The engine thread hands each step's tokens to the loop in one
-`call_soon_threadsafe`, and each request reads its own queue. A request whose client went away is
-withdrawn from the intake, or aborted between two steps if it already runs, freeing its row.
+`LocalEngine` runs a torch engine in this process through a `StreamServer`
+(`rlsched.engine.stream_server`): requests join the running batch between two decoding steps
+(continuous batching), lowest `priority` first, and each request reads its own queue. A request whose
+client went away is withdrawn, or aborted between two steps if it already runs, freeing its row.
+`VllmEngine` hands each request to vLLM's `AsyncLLM`. `actors.endpoint.FleetBackend` routes each
+request to a rollout instance of the Ray fleet. `pin` asks for the weight version an episode began
+on; a backend with one engine has one version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections import defaultdict
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from rlsched.engine.intake import Intake, IntakeClosed
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, TokenEvent
+from rlsched.engine.stream_server import Event, StreamServer
 from rlsched.engine.torch_engine import TorchRolloutEngine
 
 if TYPE_CHECKING:
     from rlsched.engine.vllm import VllmRolloutEngine
 
 log = logging.getLogger(__name__)
-
-Event = list[TokenEvent] | Sample | BaseException
-
-
-class EngineStopped(RuntimeError):
-    """The engine's serving loop failed or was closed: nothing more can be generated (503)."""
 
 
 class Backend(Protocol):
@@ -50,10 +43,14 @@ class Backend(Protocol):
         """Requests waiting beyond the rows that are free (those the next step admits)."""
         ...
 
-    def submit(self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event]) -> None:
-        """Queue `req`; its tokens (lists of events), then its `Sample` (or an exception) arrive on
-        `events`, which several requests may share (a request's `n` choices). Call on the server's
-        loop; raises `RequestRejected` for a request the engine cannot run."""
+    def submit(
+        self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event], pin: int | None = None
+    ) -> None:
+        """Queue `req`, on an instance holding weight version `pin` where the backend can (an
+        episode's later turns); its tokens (lists of events), then its `Sample` (or an exception)
+        arrive on `events`, which several requests may share (a request's `n` choices). Call on the
+        server's loop; raises `RequestRejected` for a request the engine cannot run, `EngineStopped`
+        when nothing can serve it."""
         ...
 
     def cancel(self, request_id: RequestId) -> None:
@@ -64,15 +61,12 @@ class Backend(Protocol):
 
 
 class LocalEngine:
-    """A torch engine served from a thread of this process (`rlsched serve`, the tests)."""
+    """A torch engine served from a thread of this process (`rlsched serve --in-process`, the tests):
+    a `StreamServer` whose events hop onto the server's loop, one `call_soon_threadsafe` each."""
 
     def __init__(self, engine: TorchRolloutEngine) -> None:
         self.engine = engine
-        self._intake = Intake()
-        self._queues: dict[RequestId, asyncio.Queue[Event]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self._server = StreamServer(engine)
 
     @property
     def context_length(self) -> int:
@@ -80,80 +74,31 @@ class LocalEngine:
 
     @property
     def waiting(self) -> int:
-        return len(self._intake)
+        return self._server.waiting
 
     @property
     def running(self) -> int:
-        return len(self._queues) - len(self._intake)
+        return self._server.running
 
     @property
     def backlog(self) -> int:
-        return max(0, self.waiting - (self.engine.max_batch - self.running))
+        return self._server.backlog
 
-    def submit(self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event]) -> None:
-        if self._failed is not None:
-            raise EngineStopped(f"the engine stopped: {self._failed}")
-        self._start()
-        self.engine.check(req)
-        self._queues[req.request_id] = events
-        try:
-            self._intake.put(req, priority)
-        except IntakeClosed as err:
-            del self._queues[req.request_id]
-            raise EngineStopped(str(err)) from None
+    def submit(
+        self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event], pin: int | None = None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
+        def deliver(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        self._server.submit(req, priority, deliver)
 
     def cancel(self, request_id: RequestId) -> None:
-        if self._queues.pop(request_id, None) is None:
-            return
-        if not self._intake.remove(request_id):
-            self.engine.abort(request_id)  # running: it finishes (ABORT) at the next step
+        self._server.cancel(request_id)  # a withdrawn request's `Withdrawn` reaches a run that has left
 
     def close(self) -> None:
-        self._intake.close()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    # -- the engine thread ------------------------------------------------------------------------
-    def _start(self) -> None:
-        if self._thread is None:
-            self._loop = asyncio.get_running_loop()
-            self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        assert self._loop is not None
-        loop = self._loop
-        try:
-            for sample in self.engine.serve(self._intake, self._on_tokens):
-                loop.call_soon_threadsafe(self._deliver_sample, sample)
-        except BaseException as err:  # every waiting request is told, then it is logged
-            log.exception("the engine's serving loop failed")
-            self._failed = err
-            loop.call_soon_threadsafe(self._fail_all, err)
-
-    def _on_tokens(self, events: Sequence[TokenEvent]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._deliver_tokens, list(events))
-
-    # -- on the loop ------------------------------------------------------------------------------
-    def _deliver_tokens(self, events: list[TokenEvent]) -> None:
-        by_request: dict[RequestId, list[TokenEvent]] = defaultdict(list)
-        for ev in events:
-            by_request[ev.request_id].append(ev)
-        for rid, evs in by_request.items():
-            queue = self._queues.get(rid)
-            if queue is not None:
-                queue.put_nowait(evs)
-
-    def _deliver_sample(self, sample: Sample) -> None:
-        queue = self._queues.pop(sample.request_id, None)
-        if queue is not None:
-            queue.put_nowait(sample)
-
-    def _fail_all(self, err: BaseException) -> None:
-        queues, self._queues = self._queues, {}
-        for queue in queues.values():
-            queue.put_nowait(err)
+        self._server.close()
 
 
 class VllmEngine:
@@ -182,7 +127,9 @@ class VllmEngine:
     def backlog(self) -> int:
         return max(0, self.waiting - (self.engine.max_batch - self.running))
 
-    def submit(self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event]) -> None:
+    def submit(
+        self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event], pin: int | None = None
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.engine.check(req)
         self._queues[req.request_id] = events

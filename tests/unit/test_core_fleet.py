@@ -406,3 +406,31 @@ def test_a_lone_joiner_pulls_from_peers_only_while_they_would_feed_it_as_fast_as
 def test_relays_with_no_upload_are_refused_with_the_fix(upload: float) -> None:
     with pytest.raises(ValueError, match=r"upload_gbps is -?[01]:.*relay: false"):
         fx.RelayParams(upload_bps=upload, egress_bps=1e9)
+
+
+def test_a_reload_holds_an_instance_for_pinned_episodes_only_while_its_version_is_admissible() -> None:
+    c = FleetCore(fx.FleetParams(max_staleness=1))
+    for name in ("a", "b"):
+        c.handle(fx.Added(0.0, name))
+    c.handle(fx.Published(1.0, 0))
+    c.handle(fx.ReloadAsked(2.0))
+    c.handle(fx.PullDone(3.0, "a", 0))
+    c.handle(fx.PullDone(3.0, "b", 0))
+    c.handle(fx.Published(4.0, 1))
+    effects = c.handle(fx.ReloadAsked(5.0, hold=("a",)))
+    assert effects == [fx.Note("a stays at v0 for the endpoint's episodes"), fx.StartPull("b", 1, RELOAD)]
+    assert c.handle(fx.PullDone(6.0, "b", 1)) == [fx.Joined("b", 1, RELOAD, 0, 5.0), fx.ReloadDone()]
+    assert c.serving() == ["a", "b"]  # a still serves at v0, admissible under max_staleness 1
+    c.handle(fx.Published(7.0, 2))  # v0 is now two behind: a reloads although held
+    pulls = only(c.handle(fx.ReloadAsked(8.0, hold=("a",))), fx.StartPull)
+    assert [p.name for p in pulls] == ["a", "b"]
+
+
+def test_a_reload_never_holds_every_instance() -> None:
+    c = FleetCore(fx.FleetParams(max_staleness=2))
+    c.handle(fx.Added(0.0, "a"))
+    c.handle(fx.Published(1.0, 0))
+    c.handle(fx.ReloadAsked(2.0))
+    c.handle(fx.PullDone(3.0, "a", 0))
+    c.handle(fx.Published(4.0, 1))
+    assert only(c.handle(fx.ReloadAsked(5.0, hold=("a",))), fx.StartPull) == [fx.StartPull("a", 1, RELOAD)]

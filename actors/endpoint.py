@@ -1,0 +1,363 @@
+"""The OpenAI endpoint over the Ray rollout fleet: one actor hosts the HTTP server, and every request
+streams from a rollout instance chosen by the fleet's routing rule.
+
+Why an actor and not Ray Serve: the endpoint's one decision is which instance takes a request, by
+the fleet's state (READY, admissible version, the version an episode is pinned to) and not by the
+load-balancing Serve's router does; and its streams come from instance actors the fleet already
+runs, so Serve's controller and HTTP proxy actors would only add processes (a second per-node
+proxy, its own port) and a second autoscaler beside the fleet core's. One actor running uvicorn
+(`rlsched.serve.server.start`) is the whole server; it holds no state a restart would lose except
+the captured episodes, which it hands to the trainer.
+
+`FleetBackend` is the app's backend (`rlsched.serve.backend.Backend`): it keeps a view of each
+instance (state and weight version, polled every `refresh_s`, and the requests it has sent there),
+routes each request with `rlsched.policy.routing.route` (the pin of an episode's later turns), and
+reads the instance's `stream` (a Ray streaming generator) on the server's loop into the request's
+queue. A client that goes away cancels the request on its instance. `latest` is the newest weight
+version: the job's driver sets it as it publishes; standalone it is the newest any instance holds.
+
+`serve_fleet` starts all of it for `rlsched serve` on the embedded cluster: the checkpoint published
+as version 0 by a weight service in the driver, `instances` rollout actors that join it (transfer,
+load, confirm: the job's own path), and the endpoint actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from actors.rollout import JoinReport, RolloutInstance
+from rlsched.config import EndpointConfig
+from rlsched.engine.protocol import GenerationRequest, RequestId, check_fits
+from rlsched.engine.stream_server import EngineStopped, Event
+from rlsched.model.checkpoint import load_checkpoint, load_prompting, to_bf16_bytes
+from rlsched.policy.lifecycle import InstanceState
+from rlsched.policy.routing import InstanceView, NoInstance, route
+from rlsched.serve.app import Served
+from rlsched.serve.episodes import Episode
+from rlsched.serve.server import PREFIX_CACHE_TOKENS, Running, start, with_chat_template
+from rlsched.transfer.service import WeightService
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 0.5
+SERVED_BY = 65536  # requests whose instance is remembered (an open episode's last turn is among them)
+
+
+@dataclass
+class _Stream:
+    instance: str
+    events: asyncio.Queue[Event]
+    started: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class _Instance:
+    handle: Any
+    rows: int
+    state: str = str(InstanceState.ALLOCATED)
+    version: int = -1
+    running: int = 0  # this backend's requests there that have a token
+    waiting: int = 0  # and those that have none yet
+
+
+@dataclass
+class RouteCounts:
+    routed: Counter[str] = field(default_factory=Counter)  # requests per instance
+    mixed: int = 0  # pinned turns that ran at another version
+
+
+class FleetBackend:
+    def __init__(
+        self,
+        instances: Mapping[str, Any],
+        *,
+        context_length: int,
+        rows: int,
+        max_staleness: int,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        self._instances = {name: _Instance(handle, rows) for name, handle in instances.items()}
+        self._context_length = context_length
+        self.max_staleness = max_staleness
+        self.declared_latest = -1
+        self.counts = RouteCounts()
+        self._streams: dict[RequestId, _Stream] = {}
+        self.served_by: OrderedDict[RequestId, str] = OrderedDict()  # the latest SERVED_BY requests
+        self._refresh_s = refresh_s
+        self._stop = threading.Event()
+        self.refresh()
+        self._poller = threading.Thread(target=self._poll, name="fleet-views", daemon=True)
+        self._poller.start()
+
+    # -- the fleet's state ----------------------------------------------------------------------
+    def set_instances(self, instances: Mapping[str, Any]) -> None:
+        """The fleet's live instances now (a job's joiners and leavers); requests already running
+        on one that left finish or fail there."""
+        rows = next(iter(self._instances.values())).rows if self._instances else 1
+        for name, handle in instances.items():
+            if name not in self._instances:
+                self._instances[name] = _Instance(handle, rows)
+        for name in [n for n in self._instances if n not in instances]:
+            if not any(s.instance == name for s in self._streams.values()):
+                del self._instances[name]
+
+    def refresh(self) -> None:
+        """Read every instance's state and version (an instance that died reads as preempted)."""
+        names = list(self._instances)
+        refs = [self._instances[n].handle.status.remote() for n in names]
+        for name, ref in zip(names, refs, strict=True):
+            member = self._instances[name]
+            try:
+                state, version, _ = ray.get(ref, timeout=30)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                state, version = str(InstanceState.PREEMPTED), -1
+            member.state, member.version = state, version
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._refresh_s):
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("reading the fleet's state failed")
+
+    @property
+    def latest(self) -> int:
+        held = [m.version for m in self._instances.values() if m.state == str(InstanceState.READY)]
+        return max([self.declared_latest, *held])
+
+    def views(self) -> list[InstanceView]:
+        return [
+            InstanceView(name, m.state == str(InstanceState.READY), m.version, m.running + m.waiting, m.rows)
+            for name, m in self._instances.items()
+        ]
+
+    # -- the Backend protocol -------------------------------------------------------------------
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    @property
+    def waiting(self) -> int:
+        return sum(m.waiting for m in self._instances.values())
+
+    @property
+    def running(self) -> int:
+        return sum(m.running for m in self._instances.values())
+
+    @property
+    def backlog(self) -> int:
+        ready = [m for m in self._instances.values() if m.state == str(InstanceState.READY)]
+        return max(0, self.waiting - sum(max(0, m.rows - m.running) for m in ready))
+
+    def submit(
+        self, req: GenerationRequest, priority: int, events: asyncio.Queue[Event], pin: int | None = None
+    ) -> None:
+        check_fits(req, self._context_length)
+        routed = route(self.views(), self.latest, self.max_staleness, pin)
+        if isinstance(routed, NoInstance):
+            raise EngineStopped(routed.reason)
+        if routed.mixed is not None:
+            self.counts.mixed += 1
+            log.warning("request %s of an episode at version %s: %s", req.request_id, pin, routed.mixed)
+        member = self._instances[routed.name]
+        member.waiting += 1
+        self.counts.routed[routed.name] += 1
+        self.served_by[req.request_id] = routed.name
+        if len(self.served_by) > SERVED_BY:
+            self.served_by.popitem(last=False)
+        stream = _Stream(routed.name, events)
+        self._streams[req.request_id] = stream
+        refs = member.handle.stream.remote(req, priority)
+        asyncio.get_running_loop().create_task(self._pump(req.request_id, stream, refs))
+
+    def cancel(self, request_id: RequestId) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None and not stream.cancelled:
+            stream.cancelled = True
+            self._instances[stream.instance].handle.cancel.remote(request_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._poller.join(timeout=5)
+
+    # -- on the server's loop -------------------------------------------------------------------
+    async def _pump(self, rid: RequestId, stream: _Stream, refs: Any) -> None:
+        member = self._instances[stream.instance]
+        try:
+            async for ref in refs:
+                event: Event = await ref
+                if not stream.started:
+                    stream.started = True
+                    member.waiting, member.running = member.waiting - 1, member.running + 1
+                if not stream.cancelled:
+                    stream.events.put_nowait(event)
+        except RayTaskError as err:
+            stream.events.put_nowait(err.as_instanceof_cause())
+        except RayActorError as err:
+            stream.events.put_nowait(EngineStopped(f"instance {stream.instance} is gone: {err}"))
+        finally:
+            del self._streams[rid]
+            if stream.started:
+                member.running -= 1
+            else:
+                member.waiting -= 1
+
+
+# -- the actor --------------------------------------------------------------------------------------
+
+
+class Endpoint:
+    """The HTTP server over the fleet, in an actor of its own (see the module's docstring)."""
+
+    def __init__(
+        self,
+        instances: Mapping[str, Any],
+        checkpoint: str,
+        cfg: EndpointConfig,
+        *,
+        max_staleness: int,
+        template: str | None = None,
+        chat_template: str | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        first = next(iter(instances.values()))
+        context_length, rows = ray.get(first.describe.remote())
+        self.backend = FleetBackend(
+            instances, context_length=context_length, rows=rows, max_staleness=max_staleness
+        )
+        path = Path(checkpoint)
+        tokenizer, prompts = load_prompting(path, template)
+        prompts = with_chat_template(tokenizer, prompts, Path(chat_template) if chat_template else None)
+        served = Served(self.backend, tokenizer, prompts, model_name or cfg.model_name or path.name)
+        self.running: Running = start(served, cfg)
+
+    def address(self) -> tuple[str, int, str, int]:
+        """Where it listens, the model's name and its context length."""
+        served = self.running.served
+        return self.running.host, self.running.port, served.model_name, self.backend.context_length
+
+    def set_latest(self, version: int) -> None:
+        """The newest version published (routing admits versions down to it minus max_staleness)."""
+        self.backend.declared_latest = version
+        self.backend.refresh()
+
+    def sync(self, instances: Mapping[str, Any], latest: int) -> None:
+        """The job's fleet after a reload: its live instances and the newest version."""
+        self.backend.set_instances(instances)
+        self.set_latest(latest)
+
+    def pins(self) -> dict[int, dict[str, int]]:
+        """For each version that open episodes began on, how many of them each instance served:
+        what a reload must leave in place (`rlsched.policy.routing.hold_back`)."""
+        pins: dict[int, dict[str, int]] = {}
+        for episode in self.running.served.episodes.all():
+            if episode.ended is None and episode.turns:
+                by = pins.setdefault(episode.turns[0].weight_version, {})
+                name = self.backend.served_by.get(RequestId(episode.turns[-1].request_id))
+                if name is not None:
+                    by[name] = by.get(name, 0) + 1
+        return pins
+
+    def load(self) -> tuple[int, int]:
+        """Requests streaming from an instance, and those sent that have no token yet."""
+        return self.backend.running, self.backend.waiting
+
+    def routed(self) -> tuple[dict[str, int], int]:
+        """Requests sent to each instance, and pinned turns that ran at another version."""
+        return dict(self.backend.counts.routed), self.backend.counts.mixed
+
+    def episodes(self) -> list[Episode]:
+        """Every captured episode, as it stands (ready or not)."""
+        return self.running.served.episodes.all()
+
+    def take_ready(self) -> list[Episode]:
+        """The episodes ended and rewarded, each handed out once: the trainer's batch."""
+        store = self.running.served.episodes
+        return store.take([e.id for e in store.ready()])
+
+    def stop(self) -> None:
+        self.running.stop()
+
+
+EndpointActor = ray.remote(num_cpus=0, max_concurrency=4)(Endpoint)
+
+
+# -- standalone: `rlsched serve` on the embedded cluster -------------------------------------------
+
+
+@dataclass
+class FleetServer:
+    """An endpoint actor over rollout instances that joined a checkpoint published as version 0."""
+
+    endpoint: Any
+    instances: dict[str, Any]
+    service: WeightService
+    reports: list[JoinReport]
+    host: str
+    port: int
+    model_name: str
+    context_length: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def stop(self) -> None:
+        ray.get(self.endpoint.stop.remote())
+        ray.get([h.release.remote() for h in self.instances.values()])
+        for handle in (self.endpoint, *self.instances.values()):
+            ray.kill(handle)
+        self.service.close()
+
+
+def serve_fleet(
+    checkpoint: Path,
+    cfg: EndpointConfig,
+    *,
+    instances: int = 1,
+    max_batch: int = 64,
+    dtype: str = "auto",
+    template: str | None = None,
+    chat_template: Path | None = None,
+    model_name: str | None = None,
+    max_staleness: int = 0,
+    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+    seed: int = 0,
+) -> FleetServer:
+    """Publish `checkpoint`, start `instances` rollout actors that join it, and the endpoint over them
+    (Ray must be initialised)."""
+    t0 = time.monotonic()
+    service = WeightService()
+    service.publish(0, to_bf16_bytes(load_checkpoint(checkpoint, template=template).model))
+    handles = {
+        f"instance-{k}": RolloutInstance.options(num_cpus=1).remote(  # type: ignore[attr-defined]
+            f"instance-{k}",
+            str(checkpoint),
+            max_batch,
+            True,
+            seed + k,
+            dtype=dtype,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
+        for k in range(instances)
+    }
+    reports: list[JoinReport] = ray.get([h.join.remote(service.address, 0) for h in handles.values()])
+    endpoint = EndpointActor.remote(  # type: ignore[attr-defined]
+        handles, str(checkpoint), cfg, max_staleness=max_staleness, template=template,
+        chat_template=str(chat_template) if chat_template else None, model_name=model_name,
+    )  # fmt: skip
+    host, port, name, context_length = ray.get(endpoint.address.remote())
+    log.info("fleet endpoint up in %.1f s", time.monotonic() - t0)
+    return FleetServer(endpoint, handles, service, reports, host, port, name, context_length)
