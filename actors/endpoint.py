@@ -43,8 +43,8 @@ from rlsched.engine.stream_server import EngineStopped, Event
 from rlsched.model.checkpoint import load_checkpoint, load_prompting, to_bf16_bytes
 from rlsched.policy.lifecycle import InstanceState
 from rlsched.policy.routing import InstanceView, NoInstance, route
-from rlsched.serve.app import Served
 from rlsched.serve.episodes import Episode
+from rlsched.serve.run import Served
 from rlsched.serve.server import PREFIX_CACHE_TOKENS, Running, start, with_chat_template
 from rlsched.transfer.service import WeightService
 

@@ -21,6 +21,10 @@ Throughput is completion tokens over wall time; the endpoint's overhead is 1 - e
 - *disconnects*: 16 clients read three events of a long generation and close the connection; the
   engine must end with nothing running or waiting, and the abort counter must say 16.
 
+Then the same direct-and-streamed pair over the Ray fleet (`rlsched serve`'s default path): one
+rollout instance behind the endpoint actor, the bound being the same requests sent to that
+instance directly over Ray; the instance runs one torch thread, as in a job.
+
 Figures are medians over `--repeats`. Writes bench_results/bench_endpoint.json (or --json).
 """
 
@@ -43,6 +47,8 @@ from _bench import parser, table, write
 
 from rlsched.config import EndpointConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
+from rlsched.model.checkpoint import load_prompting
+from rlsched.model.tokenizer import Tokenizer
 from rlsched.serve.app import build_app
 from rlsched.serve.server import Running, local_served, start
 
@@ -144,16 +150,21 @@ def run_clients(kind: str, url: str, payloads: list[dict[str, Any]]) -> Any:
 # -- the measurements ---------------------------------------------------------------------------------------
 
 
-def direct(running: Running, n: int, tokens: int, seed: int) -> dict[str, float]:
-    served = running.served
-    engine = served.backend.engine  # type: ignore[attr-defined]
+def requests(tokenizer: Tokenizer, n: int, tokens: int, seed: int) -> list[GenerationRequest]:
+    """The clients' requests as the engine takes them: templated ids, the same sampling."""
     reqs = []
     for i in range(n):
-        ids = served.tokenizer.encode(
-            served.tokenizer.hf.apply_chat_template(messages(i), tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(
+            tokenizer.hf.apply_chat_template(messages(i), tokenize=False, add_generation_prompt=True)
         )
         params = SamplingParams(temperature=1.0, seed=seed + i, max_tokens=tokens, stop_token_ids=())
         reqs.append(GenerationRequest(RequestId(f"direct-{i}"), tuple(ids), params))
+    return reqs
+
+
+def direct(running: Running, n: int, tokens: int, seed: int) -> dict[str, float]:
+    engine = running.served.backend.engine  # type: ignore[attr-defined]
+    reqs = requests(running.served.tokenizer, n, tokens, seed)
     start_t = time.perf_counter()
     produced = sum(s.num_tokens for s in engine.generate(reqs))
     wall = time.perf_counter() - start_t
@@ -161,8 +172,12 @@ def direct(running: Running, n: int, tokens: int, seed: int) -> dict[str, float]
 
 
 def endpoint(running: Running, n: int, tokens: int, seed: int) -> dict[str, Any]:
-    payloads = [body(i, tokens, seed, running.served.model_name) for i in range(n)]
-    results = run_clients("stream", f"http://{running.host}:{running.port}", payloads)
+    return stream_load(f"http://{running.host}:{running.port}", running.served.model_name, n, tokens, seed)
+
+
+def stream_load(url: str, model: str, n: int, tokens: int, seed: int) -> dict[str, Any]:
+    payloads = [body(i, tokens, seed, model) for i in range(n)]
+    results = run_clients("stream", url, payloads)
     ok = [r for r in results if r["status"] == 200]
     first = min(r["sent"] for r in ok)
     last = max(r["done"] for r in ok)
@@ -227,6 +242,42 @@ def disconnects(running: Running, clients: int) -> dict[str, Any]:
     }
 
 
+def fleet(checkpoint: Path, clients: int, tokens: int, repeats: int, seed: int) -> list[dict[str, Any]]:
+    """The same load over the Ray fleet (`rlsched serve`'s default): one rollout instance (one torch
+    thread, as in a job) behind the endpoint actor; the bound is the same requests sent to that
+    instance directly (`complete`, the job's path), in the same run."""
+    import ray
+
+    from actors.endpoint import serve_fleet
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = EndpointConfig(port=0, max_waiting=1024, model_name="smollm2")
+        server = serve_fleet(checkpoint, cfg, instances=1, max_batch=clients, prefix_cache_tokens=0)
+        (instance,) = server.instances.values()
+        tokenizer, _ = load_prompting(checkpoint)
+        url = server.base_url.removesuffix("/v1")
+
+        def on_instance(n: int, t: int, s: int) -> dict[str, float]:
+            reqs = requests(tokenizer, n, t, s)
+            start_t = time.perf_counter()
+            produced = sum(x.num_tokens for x in ray.get(instance.complete.remote(reqs)))
+            wall = time.perf_counter() - start_t
+            return {"wall_s": wall, "tokens": produced, "tokens_per_s": produced / wall}
+
+        on_instance(8, 8, seed)  # warm-up
+        stream_load(url, "smollm2", 8, 8, seed)
+        runs = []
+        for r in range(repeats):
+            d = on_instance(clients, tokens, seed + 1000 * r)
+            e = stream_load(url, "smollm2", clients, tokens, seed + 1000 * r)
+            runs.append({"direct": d, "endpoint": e, "ratio": e["tokens_per_s"] / d["tokens_per_s"]})
+        server.stop()
+        return runs
+    finally:
+        ray.shutdown()
+
+
 def _aborted(url: str) -> float:
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         if line.startswith("rlsched_endpoint_aborted_total"):
@@ -266,11 +317,27 @@ def main() -> None:
         left = disconnects(running, 16)
     finally:
         running.stop()
+    del served, running
+    fleet_runs = fleet(args.checkpoint, args.clients, args.tokens, args.repeats, args.seed)
 
-    def med(key: str, sub: str) -> float:
-        return statistics.median(run[sub][key] for run in runs)
+    def med(key: str, sub: str, of: list[dict[str, Any]] = runs) -> float:
+        return statistics.median(run[sub][key] for run in of)
 
     ratio = statistics.median(run["ratio"] for run in runs)
+    fleet_ratio = statistics.median(run["ratio"] for run in fleet_runs)
+
+    def stream_row(name: str, of: list[dict[str, Any]], r: float) -> list[str]:
+        return [
+            name,
+            f"{med('tokens_per_s', 'endpoint', of):.0f}",
+            f"{med('wall_s', 'endpoint', of):.2f}",
+            f"{med('ttft_p50_s', 'endpoint', of) * 1e3:.0f}",
+            f"{med('ttft_p99_s', 'endpoint', of) * 1e3:.0f}",
+            f"{med('itl_p50_s', 'endpoint', of) * 1e3:.0f}",
+            f"{med('itl_p99_s', 'endpoint', of) * 1e3:.0f}",
+            f"{r:.3f}",
+        ]
+
     rows = [
         [
             "direct",
@@ -282,16 +349,15 @@ def main() -> None:
             "-",
             "1.00",
         ],
+        stream_row("endpoint", runs, ratio),
         [
-            "endpoint",
-            f"{med('tokens_per_s', 'endpoint'):.0f}",
-            f"{med('wall_s', 'endpoint'):.2f}",
-            f"{med('ttft_p50_s', 'endpoint') * 1e3:.0f}",
-            f"{med('ttft_p99_s', 'endpoint') * 1e3:.0f}",
-            f"{med('itl_p50_s', 'endpoint') * 1e3:.0f}",
-            f"{med('itl_p99_s', 'endpoint') * 1e3:.0f}",
-            f"{ratio:.3f}",
+            "fleet: instance direct",
+            f"{med('tokens_per_s', 'direct', fleet_runs):.0f}",
+            f"{med('wall_s', 'direct', fleet_runs):.2f}",
+            *["-"] * 4,
+            "1.00",
         ],
+        stream_row("fleet: endpoint", fleet_runs, fleet_ratio),
     ]
     table(
         f"{args.clients} clients x {args.tokens} tokens, SmolLM2-135M ({torch.get_num_threads()} threads), "
@@ -301,7 +367,8 @@ def main() -> None:
         width=120,
     )
     print(
-        f"overhead {1 - ratio:.1%} (goal <= 10%); 429: {limit['refused_429']} of {limit['sent']} refused "
+        f"overhead {1 - ratio:.1%} in process, {1 - fleet_ratio:.1%} over the fleet (goal <= 10%); "
+        f"429: {limit['refused_429']} of {limit['sent']} refused "
         f"(Retry-After {limit['retry_after']}), {limit['served']} served; disconnects: "
         f"{left['aborted']:.0f} of {left['clients']} aborted, {left['left_running']} running and "
         f"{left['left_waiting']} waiting after"
@@ -323,6 +390,10 @@ def main() -> None:
             "bound": "direct: the same requests to TorchRolloutEngine.generate in the same run",
             "endpoint_over_direct_median": ratio,
             "overhead_median": 1 - ratio,
+            "fleet_runs": fleet_runs,
+            "fleet_bound": "the same requests to the rollout instance's `complete` over Ray, in the same run",
+            "fleet_endpoint_over_direct_median": fleet_ratio,
+            "fleet_overhead_median": 1 - fleet_ratio,
             "goal_overhead": 0.10,
             "queue_limit": limit,
             "disconnects": left,

@@ -109,6 +109,33 @@ def _text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
+class _Turns:
+    """A lock taken in turn (first come, first served): the batch loops of one engine. A serve under
+    steady load would otherwise take it back at once each time and starve a job's `generate`; with
+    turns, an open intake stops admitting while another loop waits (`others_wait`), its rows finish,
+    and the waiting loop runs next."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._next = 0  # the ticket the next taker gets
+        self._serving = 0  # the ticket whose turn it is
+
+    def take(self) -> None:
+        with self._cv:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cv.wait()
+
+    def give(self) -> None:
+        with self._cv:
+            self._serving += 1
+            self._cv.notify_all()
+
+    def others_wait(self) -> bool:
+        return self._next - self._serving > 1
+
+
 class TorchRolloutEngine:
     """`RolloutEngine` on a transformers causal LM (CPU or one GPU)."""
 
@@ -152,7 +179,7 @@ class TorchRolloutEngine:
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks and use_cache else None
         self._lock = threading.Lock()
         self._step = threading.Lock()  # held around each forward: a staged version swaps in between
-        self._busy = threading.Lock()  # held while a batch loop runs (a generate, or a serve with work)
+        self._turns = _Turns()  # one batch loop at a time (a generate, or a serve with work), in turn
 
     @property
     def version(self) -> WeightVersion:
@@ -228,8 +255,11 @@ class TorchRolloutEngine:
         self, intake: Intake, reporter: _Reporter | None, on_tokens: TokenSink | None
     ) -> Iterator[Sample]:
         while True:
-            with self._busy:  # one batch loop at a time runs on the cache (a serve idles without it)
+            self._turns.take()  # one batch loop at a time runs on the cache (a serve idles without it)
+            try:
                 yield from self._run_batch(intake, reporter, on_tokens)
+            finally:
+                self._turns.give()
             if not intake.wait():
                 return  # closed and drained
 
@@ -243,6 +273,8 @@ class TorchRolloutEngine:
             self._cache_for(intake.pending())  # a closed batch: the whole cache at once
         while True:
             free = self.max_batch - len(live)
+            if intake.open and self._turns.others_wait():
+                free = 0  # a serve lets its rows finish and hands the cache to the loop that waits
             admitted = intake.take(free) if free else []
             if admitted:
                 yield from self._admit(admitted, live)  # 1
@@ -315,11 +347,7 @@ class TorchRolloutEngine:
         self, seqs: list[tuple[int, ...]], rows: list[int], width: int, keep: int, cache: SlotCache
     ) -> torch.Tensor:
         """Logits [U, keep, V] at each sequence's last `keep` positions; their K/V written to `rows`."""
-        ids = torch.full((len(seqs), width), self._pad, dtype=torch.long)
-        valid = torch.zeros(len(seqs), width, dtype=torch.bool)
-        for i, seq in enumerate(seqs):
-            ids[i, width - len(seq) :] = torch.tensor(seq)
-            valid[i, width - len(seq) :] = True
+        ids, valid = self._left_padded(seqs, width)
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)
         step = Step(
             cache,
@@ -329,6 +357,15 @@ class TorchRolloutEngine:
             window_mask=prefill_mask(valid, self._window) if self._window else None,
         )
         return self._forward(ids, positions, step, min(keep, width))
+
+    def _left_padded(self, parts: Sequence[Sequence[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids [U, width], each part ending at the last slot after pad ids, and where they are."""
+        ids = torch.full((len(parts), width), self._pad, dtype=torch.long)
+        valid = torch.zeros(len(parts), width, dtype=torch.bool)
+        for i, part in enumerate(parts):
+            ids[i, width - len(part) :] = torch.tensor(part, dtype=torch.long)
+            valid[i, width - len(part) :] = True
+        return ids, valid
 
     def _cached_blocks(self, req: GenerationRequest) -> list[int]:
         """The prefix cache's blocks for the start of `req`'s prompt (none for a resumed request,
@@ -352,13 +389,10 @@ class TorchRolloutEngine:
         cached = [len(f) * BLOCK for f in found]
         todo = [len(seq) - c for seq, c in zip(seqs, cached, strict=True)]
         t = max(todo)
-        ids = torch.full((len(seqs), t), self._pad, dtype=torch.long)
-        valid = torch.zeros(len(seqs), t, dtype=torch.bool)
+        ids, valid = self._left_padded([seq[c:] for seq, c in zip(seqs, cached, strict=True)], t)
         positions = torch.zeros(len(seqs), t, dtype=torch.long)
         bases = torch.tensor([width - len(seq) for seq in seqs])
-        for u, (seq, c, n) in enumerate(zip(seqs, cached, todo, strict=True)):
-            ids[u, t - n :] = torch.tensor(seq[c:])
-            valid[u, t - n :] = True
+        for u, seq in enumerate(seqs):
             positions[u] = (torch.arange(len(seq) - t, len(seq))).clamp(min=0)
             if found[u]:
                 self.prefix_cache.load(cache, rows[u], int(bases[u]), found[u])

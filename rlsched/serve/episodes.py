@@ -114,6 +114,10 @@ class Episode:
         last = self.turns[-1]
         return (*last.prompt_ids, *last.token_ids)
 
+    def summary(self) -> dict[str, Any]:
+        """`as_json` with the number of turns instead of the turns."""
+        return {k: v for k, v in self.as_json().items() if k != "turns"} | {"turns": len(self.turns)}
+
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,

@@ -22,8 +22,9 @@ from rlsched.errors import UserError
 from rlsched.model.checkpoint import BASE_CHECKPOINT, Checkpoint, load_checkpoint, load_prompting
 from rlsched.model.template import ChatTemplate, PromptFormat
 from rlsched.model.tokenizer import Tokenizer
-from rlsched.serve.app import Served, build_app
+from rlsched.serve.app import build_app
 from rlsched.serve.backend import LocalEngine, VllmEngine
+from rlsched.serve.run import Served
 
 START_TIMEOUT_S = 60.0
 PREFIX_CACHE_TOKENS = 8192  # SmolLM2-135M in BF16: 23 KB a token, 190 MB in all

@@ -232,3 +232,45 @@ def test_rows_of_very_different_lengths_each_stop_at_their_own_limit(engine: Tor
     out = {s.request_id: s for s in engine.generate([long, short])}
     assert out["0"].finish_reason is FinishReason.LENGTH and out["0"].num_tokens == 6  # the context is full
     assert out["1"].finish_reason is FinishReason.LENGTH and out["1"].num_tokens == 50
+
+
+def test_a_generate_is_not_starved_by_a_serve_under_steady_load(tiny: Checkpoint) -> None:
+    """The endpoint's streams keep an instance's serve loop busy; the job's own batch on the same
+    engine still runs: the serve stops admitting while it waits, its rows finish, the batch runs,
+    and the streams go on after it."""
+    import threading
+
+    from rlsched.engine.stream_server import StreamServer
+
+    engine = TorchRolloutEngine(tiny.model, tiny.tokenizer, max_batch=4)
+    server = StreamServer(engine)
+    served: list[str] = []
+    stop = threading.Event()
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+
+    def feed(k: int) -> None:  # each finished stream is replaced at once: the intake never empties
+        def done(event: object) -> None:
+            if hasattr(event, "finish_reason"):
+                served.append(str(getattr(event, "request_id")))
+                if not stop.is_set():
+                    feed(k + 100)
+
+        server.submit(GenerationRequest(RequestId(f"s{k}"), prompt_ids(tiny, k % 7), params), 0, done)
+
+    for k in range(6):
+        feed(k)
+    while len(served) < 8:  # the serve loop runs with requests waiting
+        threading.Event().wait(0.01)
+    batch: list[str] = []
+    worker = threading.Thread(
+        target=lambda: batch.extend(s.request_id for s in engine.generate([req(tiny, i) for i in range(3)]))
+    )
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the batch waited behind the serve loop"
+    assert sorted(batch) == ["0", "1", "2"]
+    after = len(served)
+    while len(served) < after + 4:  # the streams are served again after the batch
+        threading.Event().wait(0.01)
+    stop.set()
+    server.close()
