@@ -14,6 +14,7 @@ from rlsched.engine.protocol import (
     GenerationRequest,
     RequestId,
     RequestRejected,
+    Sample,
     SamplingParams,
 )
 from rlsched.engine.torch_engine import TorchRolloutEngine
@@ -250,8 +251,8 @@ def test_a_generate_is_not_starved_by_a_serve_under_steady_load(tiny: Checkpoint
 
     def feed(k: int) -> None:  # each finished stream is replaced at once: the intake never empties
         def done(event: object) -> None:
-            if hasattr(event, "finish_reason"):
-                served.append(str(getattr(event, "request_id")))
+            if isinstance(event, Sample):
+                served.append(event.request_id)
                 if not stop.is_set():
                     feed(k + 100)
 
