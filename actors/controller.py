@@ -46,20 +46,21 @@ from actors.verification import JobVerification
 from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.core.demand import training_devices
-from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
+from rlsched.engine.protocol import FinishReason, GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
+from rlsched.policy.lifecycle import IterationPhase
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import DispatchPolicy, generation_order
 from rlsched.rl.assemble import assemble
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
-from rlsched.rl.task import TaskProblem, build_task
+from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
 from rlsched.rl.update import TrainItem
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet
-from verifiers.protocol import Outcome
+from verifiers.protocol import Outcome, Verdict
 
 
 class JobController:
@@ -99,6 +100,7 @@ class JobController:
         self.fleet.reload()
         self.fleet.wait_serving()
         self.endpoint: Any = self._start_endpoint() if cfg.rollout.endpoint.enabled else None
+        self._judging: dict[RequestId, str] = {}  # the endpoint's episodes the verifiers judge
 
     # -- the iteration's core ----------------------------------------------------------------------
 
@@ -155,6 +157,7 @@ class JobController:
             ctrl_c.check()  # a Ctrl-C swallowed where it landed stops the job here
             self.orders.poll()
             fleet.tick()
+            self._offer_episodes(iteration)
             verification.dispatch(self.core.batch_state())
             wait_s = min(0.5, fleet.next_event_in() or 0.5)
             others = fleet.waitables()
@@ -202,7 +205,7 @@ class JobController:
         self, update: it.Update, samples: dict[RequestId, Sample], outcomes: dict[RequestId, Outcome]
     ) -> tuple[list[TrainItem], dict[str, int]]:
         """Fully judged groups whose samples all come from an allowed version (`rlsched.rl.assemble`)."""
-        ids = [RequestId(r) for r in update.request_ids]
+        ids = [RequestId(r) for r in update.request_ids if RequestId(r) in samples]  # not episodes
         batch = assemble(ids, samples, outcomes, self.cfg.grpo.group_size, update.oldest)
         return batch.items, {"faults": batch.faults, "stale_dropped": batch.stale_dropped}
 
@@ -251,6 +254,39 @@ class JobController:
         views = [InstanceView(n, True, v) for n, v in self.fleet.serving_versions().items()]
         return sorted(hold_back(views, pins, version, self.cfg.rollout.max_staleness))
 
+    def _offer_episodes(self, iteration: int) -> None:
+        """Episodes ended with a reference and no reward join this batch's verification (`Offered`)
+        while it generates: the verifier pool judges their final answer like any sample."""
+        if self.endpoint is None or self.core.phase is not IterationPhase.GENERATING:
+            return
+        offered = []
+        for j in ray.get(self.endpoint.to_judge.remote()):
+            rid = RequestId(f"episode/{j.episode_id}")
+            self._judging[rid] = j.episode_id
+            sample = Sample(
+                rid, (), j.token_ids, (0.0,) * len(j.token_ids), j.text, FinishReason.STOP,
+                WeightVersion(j.version),
+            )  # fmt: skip
+            problem = JsonlProblem(j.episode_id, (), j.reference)
+            self.verification.arrived(sample, problem, iteration, self.core.batch_id)
+            offered.append((rid, j.version))
+        if offered:
+            self._feed(it.Offered(self.clock(), tuple(offered)))
+
+    def _reward_episodes(self, outcomes: dict[RequestId, Outcome]) -> dict[str, int]:
+        """The verifiers' rewards for the offered episodes, sent to the endpoint (their outcomes
+        leave the task's); one the verifier could not judge waits for the reward timeout."""
+        counts = {"episodes_judged": 0, "episodes_unjudged": 0}
+        for rid in [r for r in self._judging if r in outcomes]:
+            episode_id, outcome = self._judging.pop(rid), outcomes.pop(rid)
+            if isinstance(outcome, Verdict):
+                ray.get(self.endpoint.judged.remote(episode_id, outcome.reward))
+                counts["episodes_judged"] += 1
+            else:
+                counts["episodes_unjudged"] += 1
+                self.log(f"episode {episode_id}: the verifier could not judge it ({outcome.detail})")
+        return counts if self.endpoint is not None else {}
+
     def episodes(self) -> tuple[list[TrainItem], dict[str, int]]:
         """The endpoint's episodes ready since the last iteration, as train items, and the counts of
         those taken, trained and left out."""
@@ -272,8 +308,10 @@ class JobController:
         requests, references = self.request_samples(iteration)  # 1
         self._feed(it.Started(start, iteration, tuple(r.request_id for r in requests)))
         samples, outcomes = self.generate_and_verify(iteration, requests, references)  # 2
+        judged = self._reward_episodes(outcomes)
         items, counts = self.assemble(phases.take(it.Update), samples, outcomes)  # 3
         episode_items, episode_counts = self.episodes()  # the endpoint's, if it runs
+        episode_counts |= judged
         items = [*items, *episode_items]
         loss = self.update(iteration, items)  # 4
         self._feed(it.Updated(self.clock()))

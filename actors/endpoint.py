@@ -72,6 +72,17 @@ class _Instance:
     waiting: int = 0  # and those that have none yet
 
 
+@dataclass(frozen=True)
+class Judgeable:
+    """An episode's final answer for the job's verifier."""
+
+    episode_id: str
+    text: str
+    version: int
+    reference: str
+    token_ids: tuple[int, ...]
+
+
 @dataclass
 class RouteCounts:
     routed: Counter[str] = field(default_factory=Counter)  # requests per instance
@@ -281,6 +292,20 @@ class Endpoint:
     def episodes(self) -> list[Episode]:
         """Every captured episode, as it stands (ready or not)."""
         return self.running.served.episodes.all()
+
+    def to_judge(self) -> list[Judgeable]:
+        """Ended episodes that carry a reference and await their reward, each handed out once: the
+        job's verifier judges their final answer (the last turn's text)."""
+        tokenizer = self.running.served.tokenizer
+        return [
+            Judgeable(e.id, tokenizer.decode(list(e.turns[-1].token_ids)), e.turns[-1].weight_version,
+                      e.reference or "", e.turns[-1].token_ids)
+            for e in self.running.served.episodes.to_judge()
+        ]  # fmt: skip
+
+    def judged(self, episode_id: str, reward: float) -> None:
+        """The verifier's reward for an episode handed out by `to_judge`."""
+        self.running.served.episodes.reward(episode_id, reward, judged=True)
 
     def take_ready(self) -> list[Episode]:
         """The episodes ended and rewarded, each handed out once: the trainer's batch."""

@@ -245,7 +245,7 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             del clients[client]
         if run.capture is not None:
             for episode_id, turn in zip(run.capture.episode_ids, run.turns(), strict=False):
-                served.episodes.record(episode_id, run.capture.group_id, turn)
+                served.episodes.record(episode_id, run.capture.group_id, turn, run.capture.reference)
         metrics.completion_tokens.inc(sum(len(s.token_ids) for s in run.samples if s is not None))
         if run.first_token_at is not None:
             metrics.ttft.observe(run.first_token_at - run.started)
@@ -266,7 +266,7 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         ids = [episode_id] if body.n == 1 else [f"{episode_id}-{i}" for i in range(body.n)]
         group = group_id or (episode.group_id if episode is not None else episode_id)
         pin = episode.turns[0].weight_version if episode is not None and episode.turns else None
-        return prompt, Capture(ids, group, extends, diverged, pin)
+        return prompt, Capture(ids, group, extends, diverged, pin, body.reference)
 
     def episode_or_404(episode_id: str) -> Any:
         try:
@@ -331,6 +331,10 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         authorize(request)
         check_model(body.model)
         episode_id = body.episode_id or request.headers.get("x-episode-id")
+        if body.reference is not None and not episode_id:
+            raise ApiError(
+                400, "'reference' belongs to an episode: send an episode_id too", param="reference"
+            )
         try:
             if episode_id:
                 prompt, capture = episode_prompt(

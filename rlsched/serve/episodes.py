@@ -90,6 +90,8 @@ class Episode:
     ended: EndReason | None = None
     ended_at: float | None = None
     reward: float | None = None
+    reference: str | None = None  # set: a job's verifier judges the final answer against it
+    judging: bool = False  # handed to a verifier; its reward comes from there
 
     @property
     def stitched(self) -> bool:
@@ -126,6 +128,8 @@ class Episode:
             "ended": None if self.ended is None else str(self.ended),
             "ended_at": self.ended_at,
             "reward": self.reward,
+            "reference": self.reference,
+            "judging": self.judging,
             "stitched": self.stitched,
             "mixed": self.mixed,
             "versions": self.versions,
@@ -213,12 +217,16 @@ class EpisodeStore:
             )
         return episode
 
-    def record(self, episode_id: str, group_id: str | None, turn: Turn) -> Episode:
+    def record(
+        self, episode_id: str, group_id: str | None, turn: Turn, reference: str | None = None
+    ) -> Episode:
         episode = self._episodes.get(episode_id)
         if episode is None:
             episode = Episode(episode_id, group_id or episode_id, self.clock())
             self._episodes[episode_id] = episode
         episode.turns.append(turn)
+        if reference is not None:
+            episode.reference = reference
         if not turn.called_tool and turn.finish_reason != "length":
             self._end(episode, EndReason.FINAL_ANSWER)
         return episode
@@ -229,10 +237,13 @@ class EpisodeStore:
             self._end(episode, EndReason.CLIENT)
         return episode
 
-    def reward(self, episode_id: str, reward: float) -> Episode:
+    def reward(self, episode_id: str, reward: float, judged: bool = False) -> Episode:
+        """The episode's reward: from the client, or (`judged`) from the verifier it was handed to."""
         episode = self.get(episode_id)
         if episode.reward is not None:
             raise EpisodeError(409, f"episode '{episode_id}' already has its reward ({episode.reward})")
+        if episode.judging and not judged:
+            raise EpisodeError(409, f"episode '{episode_id}' is being judged by the job's verifier")
         episode.reward = reward
         if episode.ended is None:
             self._end(episode, EndReason.CLIENT)
@@ -246,6 +257,19 @@ class EpisodeStore:
         """Ended, rewarded episodes, oldest first."""
         self._expire()
         return sorted((e for e in self._episodes.values() if e.ready), key=lambda e: e.created)
+
+    def to_judge(self) -> list[Episode]:
+        """Ended episodes with a reference and no reward, not yet handed out: each handed to the
+        job's verifier once (a verifier that never answers leaves it to the reward timeout)."""
+        self._expire()
+        due = [
+            e
+            for e in self._episodes.values()
+            if e.ended is not None and e.reward is None and e.reference is not None and not e.judging
+        ]
+        for e in due:
+            e.judging = True
+        return sorted(due, key=lambda e: e.created)
 
     def take(self, episode_ids: Sequence[str]) -> list[Episode]:
         """Remove and return these episodes (a trainer took them as its batch)."""

@@ -69,6 +69,7 @@ class Capture:
     extends: bool
     diverged_at: int | None
     pin: int | None  # the weight version the episode began on: its later turns ask for it
+    reference: str | None = None  # for a job's verifier (`ChatCompletionRequest.reference`)
 
 
 class Run:

@@ -10,7 +10,7 @@ null).
 
 Extensions, as vLLM names them, travel in the body (`extra_body` in the `openai` client): `top_k`,
 `min_p`, `repetition_penalty`, `priority` (lower runs sooner) and `return_token_ids`, plus
-`episode_id` and `group_id` for trajectory capture.
+`episode_id`, `group_id` and `reference` for trajectory capture.
 """
 
 from __future__ import annotations
@@ -170,6 +170,7 @@ class ChatCompletionRequest(_Sampling):
     # trajectory capture (rlsched)
     episode_id: str | None = None
     group_id: str | None = None
+    reference: str | None = None  # what a job's verifier judges the episode's final answer against
     # refused unless at their no-op value (see NOT_IMPLEMENTED)
     response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None

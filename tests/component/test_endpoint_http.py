@@ -119,6 +119,7 @@ def test_a_body_that_is_not_json_is_a_400(http: httpx.Client, content: bytes, wh
         ({"model": MODEL, "messages": [{"role": "user"}]}, "messages.0", "needs content"),
         (chat(max_tokens=10**6), "max_tokens", "at most 40"),
         (chat(tool_choice="required"), None, "no tools"),
+        (chat(reference="42"), "reference", "send an episode_id too"),
     ],
 )
 def test_a_bad_request_is_a_400_naming_the_field(

@@ -173,7 +173,8 @@ def test_an_update_mid_episode_does_not_mix_versions(
 
 def test_a_job_serves_its_fleet_pins_episodes_and_trains_on_them(ray_session: None) -> None:
     """`rollout.endpoint.enabled`: the job starts the endpoint over its own fleet and prints where.
-    Two rewarded episodes of one group join iteration 1's batch; an open episode begun at version 0
+    Two episodes of one group rewarded by the client, and one with a reference that the job's
+    verifier pool judges, join iteration 1's batch; an open episode begun at version 0
     keeps its instance there through the reload to 1 (max_staleness 1), and is mixed once version 2
     leaves 0 behind."""
     from actors.controller import JobController
@@ -200,15 +201,19 @@ def test_a_job_serves_its_fleet_pins_episodes_and_trains_on_them(ray_session: No
             assert httpx.post(
                 f"{base_url}/episodes/g-{k}/reward", json={"reward": reward}, timeout=30
             ).is_success
+        judged = {**ask, "extra_body": {"episode_id": "judged", "reference": "7", "ignore_eos": True}}
+        job.chat.completions.create(**judged)  # ended by the client, rewarded by the job's verifier
+        assert httpx.post(f"{base_url}/episodes/judged/end", timeout=30).is_success
         keep_open = {**ask, "extra_body": {"episode_id": "open", "ignore_eos": True}}
         first = job.chat.completions.create(**keep_open)
         assert first.choices[0].finish_reason == "length"
 
         record = controller.run_iteration(1)
         assert record.extra["endpoint"] == {
-            "episodes": 2, "episodes_trained": 2, "episodes_mixed_dropped": 0, "episodes_not_stitched": 0,
+            "episodes": 3, "episodes_trained": 3, "episodes_mixed_dropped": 0, "episodes_not_stitched": 0,
+            "episodes_judged": 1, "episodes_unjudged": 0,
         }  # fmt: skip
-        assert record.used == 4 * cfg.grpo.group_size + 2, lines
+        assert record.used == 4 * cfg.grpo.group_size + 3, lines
         assert any("stays at v0 for the endpoint's episodes" in x for x in lines), lines
         history = [*HELLO, {"role": "assistant", "content": first.choices[0].message.content or ""}]
         history.append({"role": "user", "content": "More."})

@@ -89,3 +89,16 @@ def test_an_ended_episode_without_its_reward_in_time_is_dropped_and_counted() ->
 def test_versions_show_a_mixed_episode() -> None:
     ep = Episode("e", "e", 0.0, [turn("a", "b", version=3), turn("ab!", "c", version=4)])
     assert ep.mixed and ep.versions == [3, 4]
+
+
+def test_an_ended_episode_with_a_reference_goes_to_the_verifier_once_and_the_client_waits() -> None:
+    store = EpisodeStore()
+    store.record("ref", None, turn("p", "CALL", tool=True), reference="42")
+    assert store.to_judge() == []  # still open
+    store.record("ref", None, turn("pCALLr", "42"))  # ends it: no tool call
+    store.record("plain", None, turn("p", "x"))  # no reference: the client rewards it
+    assert [e.id for e in store.to_judge()] == ["ref"] and store.to_judge() == []  # handed out once
+    with pytest.raises(EpisodeError) as err:
+        store.reward("ref", 0.0)
+    assert err.value.status == 409 and "verifier" in str(err.value)
+    assert store.reward("ref", 1.0, judged=True).ready
