@@ -87,6 +87,9 @@ class Sample:
     stop_reason: str | int | None = None
     resumed_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    # the version its first token was sampled at, where a new one was swapped in while it ran
+    # (`weight_version` is the one it finished at); None: one version sampled it all
+    started_version: WeightVersion | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -84,6 +84,7 @@ class _Row:
     fed: int = 0  # tokens in the cache (the position of the next fed token)
     cached: int = 0  # prompt tokens copied in from the prefix cache
     finish: FinishReason = FinishReason.STOP  # set when it finishes
+    version: int = 0  # the engine's weight version when it was admitted
 
     @property
     def length(self) -> int:
@@ -497,7 +498,7 @@ class TorchRolloutEngine:
 
     def _new_row(self, req: GenerationRequest) -> _Row:
         gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
-        row = _Row(req=req, generator=gen, reported=len(req.resume_ids))
+        row = _Row(req=req, generator=gen, reported=len(req.resume_ids), version=int(self._version))
         if req.params.stop:
             row.detok = IncrementalDetokenizer(self.tokenizer)
         return row
@@ -583,6 +584,7 @@ class TorchRolloutEngine:
             stop_reason=row.stop_reason,
             resumed_tokens=len(row.req.resume_ids),
             cached_tokens=row.cached,
+            started_version=None if row.version == self._version else WeightVersion(row.version),
         )
 
 

@@ -63,6 +63,7 @@ class Turn:
     called_tool: bool
     extends: bool  # the prompt extends the previous turn's prompt and sampled ids (True for the first)
     diverged_at: int | None = None  # where it stops extending them, when it does not
+    started_version: int | None = None  # a new version came in while it ran: the one it began at
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +79,7 @@ class Turn:
             "called_tool": self.called_tool,
             "extends": self.extends,
             "diverged_at": self.diverged_at,
+            "started_version": self.started_version,
         }
 
 
@@ -100,7 +102,9 @@ class Episode:
 
     @property
     def versions(self) -> list[int]:
-        return sorted({t.weight_version for t in self.turns})
+        """Every version that sampled a token of it (a turn that ran across a swap counts both)."""
+        started = {t.started_version for t in self.turns if t.started_version is not None}
+        return sorted({t.weight_version for t in self.turns} | started)
 
     @property
     def mixed(self) -> bool:

@@ -189,6 +189,7 @@ class Run:
                 called_tool=self.replies[i] is not None,
                 extends=self.capture.extends,
                 diverged_at=self.capture.diverged_at,
+                started_version=None if sample.started_version is None else int(sample.started_version),
             )
             for i, sample in enumerate(done)
         ]

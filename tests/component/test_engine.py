@@ -275,3 +275,38 @@ def test_a_generate_is_not_starved_by_a_serve_under_steady_load(tiny: Checkpoint
         threading.Event().wait(0.01)
     stop.set()
     server.close()
+
+
+def test_a_request_running_across_a_weight_swap_says_which_version_it_began_at(
+    tiny_dirs: dict[str, Path],
+) -> None:
+    """The endpoint's episodes must see every version that sampled them: a serve's row that was
+    running when a new version came in finishes under it, and its sample names both."""
+    import threading
+
+    from rlsched.engine.protocol import TokenEvent, WeightVersion
+    from rlsched.engine.stream_server import StreamServer
+
+    ck = load_checkpoint(tiny_dirs["llama"])
+    engine = TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=2)
+    server = StreamServer(engine)
+    began, finished = threading.Event(), threading.Event()
+    out: list[Sample] = []
+
+    def deliver(event: object) -> None:
+        if isinstance(event, list) and event and isinstance(event[0], TokenEvent):
+            began.set()
+        elif isinstance(event, Sample):
+            out.append(event)
+            finished.set()
+
+    params = SamplingParams(temperature=0.0, max_tokens=200)  # no stop tokens: it runs to 200
+    server.submit(GenerationRequest(RequestId("long"), prompt_ids(ck, 1), params), 0, deliver)
+    assert began.wait(30)
+    engine.load_weights(to_bf16_bytes(ck.model), WeightVersion(1))
+    assert finished.wait(60)
+    server.close()
+    (sample,) = out
+    assert sample.weight_version == 1 and sample.started_version == 0
+    (again,) = engine.generate([GenerationRequest(RequestId("after"), prompt_ids(ck, 1), GREEDY)])
+    assert again.weight_version == 1 and again.started_version is None

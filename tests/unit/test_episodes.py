@@ -102,3 +102,12 @@ def test_an_ended_episode_with_a_reference_goes_to_the_verifier_once_and_the_cli
         store.reward("ref", 0.0)
     assert err.value.status == 409 and "verifier" in str(err.value)
     assert store.reward("ref", 1.0, judged=True).ready
+
+
+def test_a_turn_that_ran_across_a_weight_swap_makes_the_episode_mixed() -> None:
+    import dataclasses
+
+    across = dataclasses.replace(turn("a", "b", version=4), started_version=3)
+    ep = Episode("e", "e", 0.0, [across])
+    assert ep.mixed and ep.versions == [3, 4]
+    assert ep.as_json()["turns"][0]["started_version"] == 3
