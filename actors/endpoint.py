@@ -116,20 +116,18 @@ class FleetBackend:
     def set_instances(self, instances: Mapping[str, Any]) -> None:
         """The fleet's live instances now (a job's joiners and leavers); requests already running
         on one that left finish or fail there."""
-        rows = next(iter(self._instances.values())).rows if self._instances else 1
-        for name, handle in instances.items():
-            if name not in self._instances:
-                self._instances[name] = _Instance(handle, rows)
-        for name in [n for n in self._instances if n not in instances]:
-            if not any(s.instance == name for s in self._streams.values()):
-                del self._instances[name]
+        old = self._instances
+        rows = next(iter(old.values())).rows if old else 1
+        streaming = {s.instance for s in list(self._streams.values())}
+        kept = {n: m for n, m in old.items() if n in instances or n in streaming}
+        added = {n: _Instance(h, rows) for n, h in instances.items() if n not in old}
+        self._instances = kept | added  # one assignment: the loop's thread and the poller read it
 
     def refresh(self) -> None:
         """Read every instance's state and version (an instance that died reads as preempted)."""
-        names = list(self._instances)
-        refs = [self._instances[n].handle.status.remote() for n in names]
-        for name, ref in zip(names, refs, strict=True):
-            member = self._instances[name]
+        members = list(self._instances.values())
+        refs = [m.handle.status.remote() for m in members]
+        for member, ref in zip(members, refs, strict=True):
             try:
                 state, version, _ = ray.get(ref, timeout=30)
             except (RayActorError, ray.exceptions.GetTimeoutError):
