@@ -10,7 +10,7 @@ the exponential race or `torch.multinomial` would draw one random number per voc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,3 +102,33 @@ def select_tokens(logits: torch.Tensor, rows: RowSamplers) -> torch.Tensor:
     if bool(greedy_rows.any()):
         return torch.where(greedy_rows, logits.argmax(-1), sampled)
     return sampled
+
+
+def repetition_penalized(
+    logits: torch.Tensor, penalties: Sequence[float], seen: Iterable[Sequence[int]]
+) -> torch.Tensor:
+    """The logits with each row's repetition penalty applied to the tokens it has `seen` (its
+    prompt and output), divided where positive, multiplied where negative, as vLLM and transformers
+    do; the log-probs reported stay the raw model's."""
+    if all(p == 1.0 for p in penalties):
+        return logits
+    out = logits.clone()
+    for i, (pen, ids) in enumerate(zip(penalties, seen, strict=True)):
+        if pen != 1.0:
+            tokens = torch.tensor(sorted(set(ids)))
+            vals = out[i, tokens]
+            out[i, tokens] = torch.where(vals > 0, vals / pen, vals * pen)
+    return out
+
+
+def top_logprobs(
+    logits: torch.Tensor, norm: torch.Tensor, want: Sequence[int]
+) -> list[tuple[tuple[int, float], ...]]:
+    """Per row, the raw log-probs of its `want` likeliest tokens (none where 0); `norm` is each
+    row's log-normaliser."""
+    k = max(want, default=0)
+    if k == 0:
+        return [()] * len(want)
+    values, ids = logits.topk(k, dim=-1)
+    values = values - norm[:, None]
+    return [tuple(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True)) for i, n in enumerate(want)]

@@ -60,8 +60,9 @@ from rlsched.engine.protocol import (
     WeightVersion,
     check_fits,
 )
-from rlsched.engine.sampling import RowSamplers, select_tokens
+from rlsched.engine.sampling import RowSamplers, repetition_penalized, select_tokens, top_logprobs
 from rlsched.engine.staging import ModelStage
+from rlsched.engine.turns import Turns
 from rlsched.model.checkpoint import checksum, load_state_bytes
 from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from rlsched.transfer.manifest import Buffer
@@ -110,33 +111,6 @@ def _text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
-class _Turns:
-    """A lock taken in turn (first come, first served): the batch loops of one engine. A serve under
-    steady load would otherwise take it back at once each time and starve a job's `generate`; with
-    turns, an open intake stops admitting while another loop waits (`others_wait`), its rows finish,
-    and the waiting loop runs next."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._next = 0  # the ticket the next taker gets
-        self._serving = 0  # the ticket whose turn it is
-
-    def take(self) -> None:
-        with self._cv:
-            ticket = self._next
-            self._next += 1
-            while self._serving != ticket:
-                self._cv.wait()
-
-    def give(self) -> None:
-        with self._cv:
-            self._serving += 1
-            self._cv.notify_all()
-
-    def others_wait(self) -> bool:
-        return self._next - self._serving > 1
-
-
 class TorchRolloutEngine:
     """`RolloutEngine` on a transformers causal LM (CPU or one GPU)."""
 
@@ -180,7 +154,7 @@ class TorchRolloutEngine:
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks and use_cache else None
         self._lock = threading.Lock()
         self._step = threading.Lock()  # held around each forward: a staged version swaps in between
-        self._turns = _Turns()  # one batch loop at a time (a generate, or a serve with work), in turn
+        self._turns = Turns()  # one batch loop at a time (a generate, or a serve with work), in turn
 
     @property
     def version(self) -> WeightVersion:
@@ -467,11 +441,13 @@ class TorchRolloutEngine:
         samplers = RowSamplers.build(
             [r.req.params for r in rows], self._generator, [r.generator for r in rows]
         )
-        tokens = select_tokens(_penalized(last, rows), samplers).tolist()
+        penalties = [r.req.params.repetition_penalty for r in rows]
+        seen = ((*r.req.prompt_ids, *r.tokens) for r in rows)  # built only where a penalty applies
+        tokens = select_tokens(repetition_penalized(last, penalties, seen), samplers).tolist()
         picked = last.gather(1, torch.tensor(tokens)[:, None])[:, 0]
         norm = last.logsumexp(-1)
         chosen = (picked - norm).tolist()  # raw log-probs, without a [B, V] log-softmax
-        tops = _top_logprobs(last, norm, rows)
+        tops = top_logprobs(last, norm, [r.req.params.top_logprobs for r in rows])
         done: list[int] = []
         events: list[TokenEvent] = []
         for i, row, tok, lp, top in zip(which, rows, tokens, chosen, tops, strict=True):
@@ -586,35 +562,6 @@ class TorchRolloutEngine:
             cached_tokens=row.cached,
             started_version=None if row.version == self._version else WeightVersion(row.version),
         )
-
-
-def _penalized(last: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
-    """The logits with each row's repetition penalty applied to the tokens of its prompt and output
-    (divided where positive, multiplied where negative, as vLLM and transformers do); the log-probs
-    reported stay the raw model's."""
-    penalties = [r.req.params.repetition_penalty for r in rows]
-    if all(p == 1.0 for p in penalties):
-        return last
-    out = last.clone()
-    for i, (row, pen) in enumerate(zip(rows, penalties, strict=True)):
-        if pen != 1.0:
-            seen = torch.tensor(sorted({*row.req.prompt_ids, *row.tokens}))
-            vals = out[i, seen]
-            out[i, seen] = torch.where(vals > 0, vals / pen, vals * pen)
-    return out
-
-
-def _top_logprobs(
-    last: torch.Tensor, norm: torch.Tensor, rows: list[_Row]
-) -> list[tuple[tuple[int, float], ...]]:
-    """Per row, the raw log-probs of its `top_logprobs` likeliest tokens (none where not asked)."""
-    want = [r.req.params.top_logprobs for r in rows]
-    k = max(want, default=0)
-    if k == 0:
-        return [()] * len(rows)
-    values, ids = last.topk(k, dim=-1)
-    values = values - norm[:, None]
-    return [tuple(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True)) for i, n in enumerate(want)]
 
 
 class _Reporter:
