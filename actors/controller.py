@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,18 @@ from verifiers.loading import VerifierSet
 from verifiers.protocol import Outcome, Verdict
 
 
+@dataclass(frozen=True)
+class Start:
+    """Where the controller begins: a new job, or a resumed one after `iteration`, with the training
+    state in `state` (a checkpoint directory; None: the model as loaded), at weight version `version`
+    and data position `cursor` (training problems already drawn)."""
+
+    iteration: int = 0
+    version: int = 0
+    cursor: int = 0
+    state: Path | None = None
+
+
 class JobController:
     def __init__(
         self,
@@ -72,18 +84,23 @@ class JobController:
         inbox: Any = None,
         cluster: ClusterClient | None = None,
         groups: Sequence[Any] = (),
+        start: Start | None = None,
     ) -> None:
         self.cfg, self.log, self.clock = cfg, log, time.monotonic
         self.spans: list[Span] = []
+        self.redone_spans: list[Span] = []  # of iterations a recovery ran again (the timeline's)
         self.tokenizer, self.template = load_prompting(cfg.model.checkpoint, cfg.model.template)
         self.task = build_task(cfg.task)
         self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
-        self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
+        start = start or Start()
+        self.train_stream, self.cursor = self._stream_at(start.cursor)
+        self.consumed: list[tuple[str, str]] = []  # (request id, how) of the last iteration
         self.sampling = sampling_params(cfg.sampling, self.template)
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
         # under the cluster scheduler: the training gang's and the workers' placement groups
         trainer_pg, workers_pg = (groups[0], groups[1]) if groups else (None, None)
-        self.group = TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed, trainer_pg)
+        self._trainer_pg = trainer_pg
+        self.group = self._training_group(start)
         self.fleet = Fleet(cfg, checkpoint, store_path(cfg, out_dir), self.spans, self.clock, log)
         self.fleet.pg = workers_pg
         for i in range(cfg.rollout.instances):
@@ -91,16 +108,64 @@ class JobController:
         self.orders = Orders(self.fleet, cluster, inbox, self.clock, log)
         self.verification = JobVerification(cfg, self.verifiers, self.spans, self.clock, log, workers_pg)
         self.estimator = self.verification.estimator
-        self.core = it.IterationCore(
-            it.IterationParams(cfg.schedule.overlap, training_devices(cfg.trainer), cfg.rollout.max_staleness)
-        )
+        self.core = self._iteration_core(start.version)
         self.trace: it.IterationTrace | None = None
         self.phases = it.Phases()  # what the core asked for: `run_iteration` runs them in order
-        self.fleet.publish(self.group.publish(0))
+        self.fleet.publish(self.group.publish(start.version))
         self.fleet.reload()
         self.fleet.wait_serving()
         self.endpoint: Any = self._start_endpoint() if cfg.rollout.endpoint.enabled else None
         self._judging: dict[RequestId, str] = {}  # the endpoint's episodes the verifiers judge
+
+    # -- where the job starts, and where it starts again ----------------------------------------------
+
+    def _stream_at(self, cursor: int) -> tuple[Iterator[TaskProblem], int]:
+        """The training problems from position `cursor` on (the same seed draws the same sequence)."""
+        stream = self.task.train_problems(random.Random(self.cfg.run.seed))
+        for _ in range(cursor):
+            next(stream)
+        return stream, cursor
+
+    def _training_group(self, start: Start) -> TrainingGroup:
+        cfg = self.cfg
+        checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
+        group = TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed, self._trainer_pg)
+        if start.state is not None:
+            steps = group.load_state(start.state)
+            self.log(
+                f"training state of iteration {start.iteration} loaded from {start.state} (step {steps})"
+            )
+        return group
+
+    def _iteration_core(self, version: int) -> it.IterationCore:
+        cfg = self.cfg
+        params = it.IterationParams(
+            cfg.schedule.overlap, training_devices(cfg.trainer), cfg.rollout.max_staleness
+        )
+        return it.IterationCore(params, version=version)
+
+    def restart_training(self, start: Start) -> int:
+        """The training group failed: a new one from `start`'s training state, the data rewound to its
+        cursor, and its weights published to the fleet under a new version number (a number names
+        one set of weights, so the fleet never sees one reused). Returns that version."""
+        self.group.shutdown()
+        self._set_aside_spans(start.iteration)
+        self.group = self._training_group(start)
+        self.train_stream, self.cursor = self._stream_at(start.cursor)
+        version = self.core.version + 1
+        self.core, self.phases = self._iteration_core(version), it.Phases()
+        meta = self.group.publish(version)
+        self.reload(meta)
+        return version
+
+    def _set_aside_spans(self, after: int) -> None:
+        """The spans of iterations that run again leave the phase times; the timeline keeps them,
+        marked `redone` (the list is shared with the fleet and the verifiers: changed in place)."""
+        gone = [s for s in self.spans if s.iteration > after]
+        self.spans[:] = [s for s in self.spans if s.iteration <= after]
+        self.redone_spans += [
+            Span(s.kind, s.id, s.start, s.end, s.iteration, {**s.attrs, "redone": True}) for s in gone
+        ]
 
     # -- the iteration's core ----------------------------------------------------------------------
 
@@ -128,6 +193,7 @@ class JobController:
 
     def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
+        self.cursor += len(problems)
         v = self.cfg.verifier
         if v.dispatch is DispatchPolicy.DISTRS and v.order_generation:  # longest verification first
             kinds = [self.verification.kind_key(p) for p in problems]
@@ -207,6 +273,8 @@ class JobController:
         """Fully judged groups whose samples all come from an allowed version (`rlsched.rl.assemble`)."""
         ids = [RequestId(r) for r in update.request_ids if RequestId(r) in samples]  # not episodes
         batch = assemble(ids, samples, outcomes, self.cfg.grpo.group_size, update.oldest)
+        used = set(batch.used)
+        self.consumed = [(r, "used" if r in used else "left_out") for r in update.request_ids]
         return batch.items, {"faults": batch.faults, "stale_dropped": batch.stale_dropped}
 
     def update(self, iteration: int, items: list[TrainItem]) -> float:
@@ -294,6 +362,10 @@ class JobController:
             return [], {}
         taken = ray.get(self.endpoint.take_ready.remote())
         batch = episode_batch(taken, keep_mixed=self.cfg.rollout.endpoint.train_mixed)
+        trained = set(batch.episode_ids)
+        self.consumed += [
+            (f"episode/{e.id}", "episode" if e.id in trained else "episode_left_out") for e in taken
+        ]
         counts = {
             "episodes": len(taken),
             "episodes_trained": len(batch.items),
@@ -354,6 +426,20 @@ class JobController:
             pulled = client.pull(latest.version, receiver="driver")
         source = inspect_checkpoint(self.cfg.model.checkpoint).path
         return write_checkpoint(source, bytes(pulled.blob), out, self.cfg.model.template)
+
+    def weights_check(self) -> dict[str, Any]:
+        """Whether every rank holds the latest published weights (its SHA-256 of the BF16 bytes) and
+        every serving instance holds that version (each confirmed the same checksum when it loaded)."""
+        latest = self.fleet.latest
+        assert latest is not None
+        versions = self.fleet.serving_versions()
+        return {
+            "version": latest.version,
+            "sha256": latest.checksum,
+            "ranks_agree": all(s == latest.checksum for s in self.group.checksums()),
+            "instances": versions,
+            "instances_at_latest": all(v == latest.version for v in versions.values()),
+        }
 
     def shutdown(self) -> None:
         if self.endpoint is not None:

@@ -104,6 +104,7 @@ class Fleet:
         self.join_reports: list[JoinReport] = []
         self.trace: FleetTrace | None = None
         self._groups: dict[str, Any] = {}  # placement groups for instances about to start
+        self.granted: set[str] = set()  # instances the cluster scheduler lent: never replaced
         self._reports: dict[str, JoinReport] = {}
         self._replies: list[fx.Event] = []
         self._sample: Sample | None = None  # the sample being fed, for its `Accepted`
@@ -242,6 +243,7 @@ class Fleet:
     def grant(self, name: str, pg: Any) -> None:
         """The cluster scheduler granted an elastic part: it joins unless it is already live."""
         if not self.core.live(name):
+            self.granted.add(name)
             self.add(name, pg)
             self.log(f"{name} granted by the cluster scheduler; it serves once it has the latest version")
 
@@ -309,19 +311,27 @@ class Fleet:
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
             del self.streams[name]
-            self._feed(fx.Reclaimed(self.clock(), name, Leave.PREEMPTED, "its actor died"))
+            self._died(name)
             return []
         self._feed(fx.Arrived(self.clock(), name, self._sample.request_id))
         self._sample = None
         out, self._accepted = self._accepted, []
         return out
 
+    def _died(self, name: str) -> None:
+        """An instance's actor died (its process or node is gone): preempted, and replaced unless
+        the cluster scheduler lent it."""
+        replace = name not in self.granted
+        self._feed(fx.Reclaimed(self.clock(), name, Leave.PREEMPTED, "its actor died", replace=replace))
+
     def _on_pull(self, name: str, ref: Any) -> None:
         try:
             report: JoinReport = ray.get(ref)
-        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
-            cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
-            self._feed(fx.PullDone(self.clock(), name, -1, str(cause)))
+        except ray.exceptions.RayActorError:
+            self._died(name)
+            return
+        except ray.exceptions.RayTaskError as err:
+            self._feed(fx.PullDone(self.clock(), name, -1, str(err.cause)))
             return
         self._reports[name] = report
         self._feed(fx.PullDone(self.clock(), name, report.version))
@@ -329,8 +339,19 @@ class Fleet:
     # -- between iterations -------------------------------------------------------------------------
 
     def publish(self, published: PublishedVersion) -> None:
+        self._drain_pulls()
         self.latest = published
         self._feed(fx.Published(self.clock(), published.version, published.nbytes))
+
+    def _drain_pulls(self) -> None:
+        """Joins that finished while nothing waited on them (during the update) are reported first: a
+        new version would otherwise restart a joiner whose pull is already done, and one whose start-up
+        outlasts an iteration would chase versions for ever."""
+        refs = list(self.pulls.values())
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                self.on_ready(ref)
 
     def reload(self, hold: Sequence[str] = ()) -> None:
         """Every serving instance (and any allocated one not yet pulling) takes the latest version,

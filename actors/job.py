@@ -1,15 +1,20 @@
 """Run an RL job on Ray: connect or start a cluster, check it can host the job, iterate, write outputs.
 
-Outputs in the run's directory: `metrics.jsonl` (one committed record per iteration: phase times,
-overlap, critical path, reward, pass rate, tokens/s, eval pass rate every k iterations),
-`timeline.json` (every span as a Chrome trace; open it in Perfetto) and `report.json` (before/after).
+Outputs in the run's directory: `commit.sqlite` (the commit log: each iteration's record, fsync'ed
+before the next starts, and the checkpoints; `actors.durability`), `checkpoints/` (the training
+state every `checkpoint.every` iterations, at the end and when stopped), `metrics.jsonl` (the log's
+metrics rows: phase times, overlap, critical path, reward, pass rate, tokens/s, eval pass rate every
+k iterations), `timeline.json` (every span as a Chrome trace; open it in Perfetto) and `report.json`
+(before/after). `resume=True` continues the run in the directory from its newest checkpoint.
 Whatever happens, actors are ended, the placement group removed, and an embedded cluster stopped.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,13 +25,14 @@ import ray
 
 from actors.cluster import ClusterClient, JobStopped, find_scheduler
 from actors.controller import JobController
+from actors.durability import JobLog, ResumePlan, checkpoint_root, plan_resume, span_words
 from actors.fleet import store_path
-from actors.interrupt import ctrl_c
+from actors.interrupt import Terminated, ctrl_c
 from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox
 from rlsched.config import EngineKind, JobConfig
 from rlsched.core.demand import job_spec, required_resources
-from rlsched.errors import UserError
+from rlsched.errors import TrainingFault, UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
@@ -141,6 +147,7 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
     task = build_task(cfg.task)
     source = str(cfg.task.path or f"the {cfg.task.name} task")
     room = check_prompts(task, tokenizer, template, info.context_length, cfg.sampling.max_tokens, source)
+    check_writable(cfg, out_dir)
     path = store_path(cfg, out_dir)
     if path is not None:
         try:
@@ -148,6 +155,28 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
         except StoreError as err:
             raise UserError(str(err)) from None
     return room.note()
+
+
+def check_writable(cfg: JobConfig, out_dir: Path) -> None:
+    """The run's directory, its checkpoints' and the upload location can be written: a job whose
+    commits or checkpoints would fail must not start."""
+    for where, what in (
+        (out_dir, "the run's directory (--out)"),
+        (checkpoint_root(cfg, out_dir), "checkpoint.dir"),
+        (cfg.checkpoint.upload_to, "checkpoint.upload_to"),
+    ):
+        if where is None:
+            continue
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            probe = where / f".rlsched-write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(
+                f"{what} {where} cannot be written ({err.strerror or err}); the job commits every "
+                "iteration there and would lose its record. Choose a writable directory"
+            ) from None
 
 
 Tick = Callable[[int, str], None]  # (iteration just committed, its one-line summary)
@@ -186,10 +215,17 @@ def run_job(
     tick: Tick | None = None,
     queue: str | None = None,
     priority: str | None = None,
+    resume: bool = False,
 ) -> JobReport:
     note = preflight(cfg, out_dir, address)
     if note is not None:
         log(note)
+    plan = plan_resume(cfg, out_dir, log) if resume else None
+    if plan is not None:
+        log(
+            f"resuming {out_dir} after iteration {plan.start.iteration}, from {plan.source}"
+            + (f"; {span_words(plan.redone)} run again" if plan.redone else "")
+        )
     started = connect(cfg, address)
     controller: JobController | None = None
     client: ClusterClient | None = None
@@ -202,19 +238,19 @@ def run_job(
             check_capacity(cfg)
         t0 = time.monotonic()
         inbox = _open_inbox(out_dir.name)
-        controller = JobController(cfg, log=log, out_dir=out_dir, inbox=inbox, cluster=client, groups=groups)
+        start = plan.start if plan is not None else None
+        controller = JobController(
+            cfg, log=log, out_dir=out_dir, inbox=inbox, cluster=client, groups=groups, start=start
+        )
         log(
             f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
             f"({cfg.trainer.strategy.value}, {cfg.trainer.placement_strategy.value}), "
             f"{cfg.rollout.instances} rollout instances, "
             f"{cfg.verifier.workers} verifier workers, overlap {'on' if cfg.schedule.overlap else 'off'}"
         )
-        return _iterate(cfg, controller, out_dir, log, tick)
+        return _iterate(cfg, controller, out_dir, log, tick, plan)
     except JobStopped as stop:
         preempted = stop.preempted
-        if controller is not None and preempted:
-            controller.save_policy(out_dir / "checkpoint")
-            log(f"policy saved at {out_dir / 'checkpoint'}; set model.checkpoint to it to continue")
         raise
     finally:
         ctrl_c.__exit__(None, None, None)
@@ -227,55 +263,163 @@ def run_job(
 
 
 def _iterate(
-    cfg: JobConfig, controller: JobController, out_dir: Path, log: Callable[[str], None], tick: Tick | None
+    cfg: JobConfig,
+    controller: JobController,
+    out_dir: Path,
+    log: Callable[[str], None],
+    tick: Tick | None,
+    plan: ResumePlan | None = None,
 ) -> JobReport:
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = out_dir / "metrics.jsonl"
-    metrics_path.write_text("")
-    start = time.monotonic()
-    before = controller.evaluate(controller.task.eval_problems)
-    log(f"held-out pass rate before: {before}")
-    rows: list[dict[str, Any]] = []
-    t_train = time.monotonic()
+    job_log = JobLog(cfg, out_dir, log, plan)
     try:
-        for it in range(1, cfg.grpo.steps + 1):
+        return _iterate_logged(cfg, controller, out_dir, log, tick, plan, job_log)
+    finally:
+        job_log.close()
+
+
+def _iterate_logged(
+    cfg: JobConfig,
+    controller: JobController,
+    out_dir: Path,
+    log: Callable[[str], None],
+    tick: Tick | None,
+    plan: ResumePlan | None,
+    job_log: JobLog,
+) -> JobReport:
+    metrics_path = out_dir / "metrics.jsonl"
+    rows: list[dict[str, Any]] = list(plan.rows) if plan is not None else []
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the log's rows are the truth
+    start = time.monotonic()
+    if plan is not None and plan.before is not None:
+        before = EvalResult(**plan.before)
+    else:
+        before = controller.evaluate(controller.task.eval_problems)
+        job_log.set_before(asdict(before))
+    log(f"held-out pass rate before: {before}")
+    first = plan.start.iteration + 1 if plan is not None else 1
+    spent = plan.train_s if plan is not None else 0.0  # the time budget is the whole run's
+    t_train = time.monotonic()
+    committed = first - 1
+
+    def train_s() -> float:
+        return spent + time.monotonic() - t_train
+
+    it = first
+    try:
+        while it <= cfg.grpo.steps:
             ctrl_c.check()
-            if time.monotonic() - t_train > cfg.grpo.time_budget_s:
+            if train_s() > cfg.grpo.time_budget_s:
                 log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
                 break
-            rec = controller.run_iteration(it)
-            if it % cfg.eval.every_steps == 0:
-                rec.eval_pass_rate = controller.evaluate(
-                    controller.task.eval_problems[: cfg.eval.curve_size]
-                ).pass_rate
-            times = phase_times([s for s in controller.spans if s.iteration == it]).to_json()
-            tps = rec.tokens / times["t_generate"] if times["t_generate"] else 0.0
-            row = {**asdict(rec), **times, "tokens_per_s": round(tps, 1)}
-            commit_record(metrics_path, json.dumps(row))
-            rows.append(row)
-            line = iteration_line(rec, times)
-            if rec.eval_pass_rate is not None or it == 1:
-                log(line)
-            if tick is not None:
-                tick(it, line)
+            try:
+                row, line = _one_iteration(cfg, controller, it)
+                job_log.commit(it, controller, row, train_s())  # fsync'ed before the next iteration counts
+                committed = it
+                commit_record(metrics_path, json.dumps(row))
+                rows.append(row)
+                if row["eval_pass_rate"] is not None or it == first:
+                    log(line)
+                if tick is not None:
+                    tick(it, line)
+                job_log.after_commit(it, controller, train_s())
+            except TrainingFault as fault:  # rebuilt from the last checkpoint (or raised past the limit)
+                committed = job_log.recover(controller, fault)
+                del rows[committed:]
+                metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+                it = committed
+            it += 1
+    except (Terminated, JobStopped) as stop:
+        _checkpoint_on_stop(job_log, controller, committed, train_s(), log, str(stop))
+        raise
+    except TrainingFault:
+        log(_fault_note(job_log, out_dir))
+        raise
     finally:
-        (out_dir / "timeline.json").write_text(json.dumps(chrome_trace(controller.spans)))
+        spans = controller.spans + controller.redone_spans
+        (out_dir / "timeline.json").write_text(json.dumps(chrome_trace(spans)))
         if rows:
             summary_png(rows, out_dir / "summary.png", title=f"{out_dir.name}: reward and phase times")
+    if committed and job_log.latest != committed:
+        job_log.checkpoint(committed, controller, train_s())
+    weights = controller.weights_check()
     after = controller.evaluate(controller.task.eval_problems)
     controller.save_policy(out_dir / "checkpoint")
     log(f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)")
     report = JobReport(before, after, rows, time.monotonic() - start)
+    _write_report(out_dir, report, job_log, weights)
+    return report
+
+
+def _one_iteration(cfg: JobConfig, controller: JobController, it: int) -> tuple[dict[str, Any], str]:
+    """Run iteration `it` (with its held-out evaluation when due); its metrics row and summary line."""
+    rec = controller.run_iteration(it)
+    if it % cfg.eval.every_steps == 0:
+        rec.eval_pass_rate = controller.evaluate(
+            controller.task.eval_problems[: cfg.eval.curve_size]
+        ).pass_rate
+    times = phase_times([s for s in controller.spans if s.iteration == it]).to_json()
+    tps = rec.tokens / times["t_generate"] if times["t_generate"] else 0.0
+    row = {**asdict(rec), **times, "tokens_per_s": round(tps, 1)}
+    return row, iteration_line(rec, times)
+
+
+def _checkpoint_on_stop(
+    job_log: JobLog,
+    controller: JobController,
+    committed: int,
+    train_s: float,
+    log: Callable[[str], None],
+    why: str,
+) -> None:
+    """Stopped between iterations (or before an update): the training state is the last committed
+    iteration's, so it is checkpointed and the run can resume from there."""
+    if committed and job_log.latest != committed:
+        saved = job_log.checkpoint(committed, controller, train_s)
+        log(f"{why}: checkpoint of iteration {committed} saved at {saved.path}")
+    log(f"continue with: rlsched run CONFIG --resume {job_log.out_dir}")
+
+
+def _fault_note(job_log: JobLog, out_dir: Path) -> str:
+    latest = job_log.latest
+    kept = f"the checkpoint of iteration {latest}" if latest else "no checkpoint yet"
+    return (
+        f"the training group failed; {out_dir} keeps the committed iterations and {kept}: "
+        f"rlsched run CONFIG --resume {out_dir} continues the run"
+    )
+
+
+def _write_report(out_dir: Path, report: JobReport, job_log: JobLog, weights: dict[str, Any]) -> None:
+    figures = job_log.figures
+    iter_s = [r["t_iter"] for r in report.iterations[-len(figures.commit_s) :]] if figures.commit_s else []
+    durability = {
+        "commit_s_median": _median(figures.commit_s),
+        "commit_fraction_of_iteration": (
+            round(_median(figures.commit_s) / _median(iter_s), 5) if iter_s and _median(iter_s) else None
+        ),
+        "checkpoints": len(figures.save_s),
+        "checkpoint_save_s_median": _median(figures.save_s),
+        "checkpoint_bytes": figures.nbytes,
+        "upload_s_median": _median(figures.upload_s),
+        "durable_through": job_log.watermark(),
+        "recoveries": job_log.recoveries,
+        "recovery_s": [round(x, 2) for x in job_log.recovery_s],
+    }
     (out_dir / "report.json").write_text(
         json.dumps(
             {
-                "before": asdict(before),
-                "after": asdict(after),
+                "before": asdict(report.before),
+                "after": asdict(report.after),
                 "gain_points": round(report.gain_points, 2),
                 "wall_s": round(report.wall_s, 2),
-                "iterations": len(rows),
+                "iterations": len(report.iterations),
+                "durability": durability,
+                "weights": weights,
             },
             indent=1,
         )
     )
-    return report
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 6) if values else 0.0

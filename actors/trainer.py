@@ -117,6 +117,12 @@ class TrainerRank:
         manifest = self.weights.publish(version, blob)
         return PublishedVersion(version, manifest.sha256, len(blob), self.weights.address)
 
+    def save_state(self, directory: str) -> None:
+        self._trainer().save_state(Path(directory))
+
+    def load_state(self, directory: str) -> int:
+        return self._trainer().load_state(Path(directory))
+
     def weights_checksum(self) -> str:
         """The SHA-256 of the BF16 weights this rank holds (gathered first under fsdp)."""
         blob = self._trainer().published(everywhere=True)
@@ -243,6 +249,16 @@ class TrainingGroup:
         ranks = self.ranks if self.cfg.sharded else self.ranks[:1]
         published: PublishedVersion = answers([r.publish.remote(version) for r in ranks], "publish")[0]
         return published
+
+    def save_state(self, directory: Path) -> None:
+        """Every rank writes its share of the training state into `directory` (a checkpoint being
+        written aside: the caller seals it)."""
+        answers([r.save_state.remote(str(directory)) for r in self.ranks], "checkpoint")
+
+    def load_state(self, directory: Path) -> int:
+        """Every rank loads a checkpoint's training state; the step count it resumes after."""
+        steps: list[int] = answers([r.load_state.remote(str(directory)) for r in self.ranks], "resume")
+        return steps[0]
 
     def checksums(self) -> list[str]:
         """Each rank's SHA-256 of the weights it holds (all equal, or the ranks have diverged)."""

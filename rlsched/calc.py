@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from rlsched.errors import UserError
-from rlsched.policy import bandwidth, elastic, queueing, resume
+from rlsched.policy import bandwidth, durability, elastic, queueing, resume
 from rlsched.policy import iteration as iteration_model
 from rlsched.policy import verify as verify_policy
 from rlsched.policy.estimate import EstimatorParams, RemainingTime
@@ -255,6 +255,28 @@ def calc_resume(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def calc_commit(args: argparse.Namespace) -> dict[str, Any]:
+    rows = [
+        durability.commit_cost(args.requests, args.request_s, args.commit_s, args.per_record_s, int(k))
+        for k in parse_list(args.every, "every")
+    ]
+    return {
+        "inputs": {
+            "requests": args.requests,
+            "request_s": args.request_s,
+            "commit_s": args.commit_s,
+            "per_record_s": args.per_record_s,
+        },
+        "every": [r.every for r in rows],
+        "commits": [r.commits for r in rows],
+        "overhead_s": [r.overhead_s for r in rows],
+        "total_s": [r.total_s for r in rows],
+        "redo_max_s": [r.redo_max_s for r in rows],
+        "formula": "commits = ceil(n / k); overhead = commits * fixed + n * per_record; "
+        "total = n * t + overhead; redo at most k * t (the requests since the last commit)",
+    }
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -286,6 +308,7 @@ CALCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "window": calc_window,
     "breakeven": calc_breakeven,
     "resume": calc_resume,
+    "commit": calc_commit,
 }
 
 
@@ -354,7 +377,17 @@ def add_parsers(sub: Any) -> None:
     rs.add_argument("--prefill-tps", type=float, metavar="R", help="prefill tokens per second")
     rs.add_argument("--decode-tps", type=float, metavar="R", help="decode tokens per second")
     rs.add_argument("--setup-s", type=float, default=0.0, metavar="S", help="fixed cost of resuming")
-    for p in (it, q, b, r, ls, d, t, w, be, rs):
+    cm = sub.add_parser(
+        "commit", help="what committing every k requests costs, and the most work a crash redoes"
+    )
+    cm.add_argument("--requests", type=int, required=True, metavar="N", help="sequential requests")
+    cm.add_argument("--request-s", type=float, required=True, metavar="S", help="seconds per request")
+    cm.add_argument("--commit-s", type=float, required=True, metavar="S", help="fixed seconds per commit")
+    cm.add_argument(
+        "--per-record-s", type=float, default=0.0, metavar="S", help="seconds per record committed"
+    )
+    cm.add_argument("--every", default="1", metavar="K1,K2,...", help="requests per commit (default 1)")
+    for p in (it, q, b, r, ls, d, t, w, be, rs, cm):
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -99,6 +99,13 @@ def _add_run(sub: Any) -> None:
     _address(run, None, "join this Ray cluster (host:port or 'auto'); default: start one here")
     run.add_argument("--out", type=Path, help="output directory (default: run.out_dir from the config)")
     run.add_argument("--local", action="store_true", help="run in one process, without Ray")
+    run.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (default: --out, or run.out_dir) from its newest checkpoint",
+    )
     run.add_argument("--queue", help="the cluster scheduler's queue to run in (see `rlsched admin start`)")
     run.add_argument("--priority", help="its priority class (default: the queue's default)")
     run.set_defaults(func=cmd_run)

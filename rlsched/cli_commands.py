@@ -38,11 +38,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rlsched.config import load_config
 
     cfg = load_config(args.config, args.set)
-    out_dir = args.out or cfg.run.out_dir
+    out_dir = _run_dir(args, cfg.run.out_dir)
     import torch
 
     torch.set_num_threads(cfg.run.threads)
     if args.local:
+        if args.resume:
+            raise UserError(
+                "--resume continues a Ray job from its commit log and checkpoints; rlsched run --local "
+                "keeps neither. Drop --local to run (and resume) on Ray"
+            )
         return _run_local(args, cfg, out_dir)
     from actors.job import run_job
 
@@ -58,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"iterations, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
     from actors.cluster import JobStopped
+    from actors.interrupt import Terminated
 
     try:
         with _progress(cfg.grpo.steps) as tick:
@@ -69,17 +75,29 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tick=tick,
                 queue=args.queue,
                 priority=args.priority,
+                resume=bool(args.resume),
             )
-    except JobStopped as stop:
-        err_console.print(f"stopped: {stop}", markup=False)
+    except (JobStopped, Terminated) as stop:
+        err_console.print(
+            f"stopped: {stop}; continue with rlsched run {args.config} --resume {out_dir}", markup=False
+        )
         return 3
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "
         f"{100 * report.after.pass_rate:.1f}%  ({report.gain_points:+.1f} points)[/bold]  "
         f"{len(report.iterations)} iterations, {report.wall_s:.0f} s; wrote {out_dir}/: metrics.jsonl, "
-        "timeline.json (open in Perfetto), summary.png, report.json, checkpoint/"
+        "timeline.json (open in Perfetto), summary.png, report.json, checkpoint/ (the trained policy), "
+        "commit.sqlite and checkpoints/ (rlsched run --resume continues from them)"
     )
     return 0
+
+
+def _run_dir(args: argparse.Namespace, default: Path) -> Path:
+    """The run's directory: `--resume DIR`, else `--out`, else the config's `run.out_dir`."""
+    named = Path(args.resume) if isinstance(args.resume, str) else None
+    if named is not None and args.out is not None and named.resolve() != Path(args.out).resolve():
+        raise UserError(f"--resume {named} and --out {args.out} name two directories; give one of them")
+    return named or args.out or default
 
 
 @contextmanager

@@ -516,6 +516,23 @@ class ScheduleConfig(Section):
     overlap: bool = Field(True, description="verify while generating; false = the sequential baseline")
 
 
+class CheckpointConfig(Section):
+    """Checkpoints of the training state, and the commit log beside them (docs/durability.md)."""
+
+    every: int = Field(
+        10, ge=0, description="checkpoint every N iterations (0: only at the end and when stopped)"
+    )
+    dir: Path | None = Field(None, description="where checkpoints go; unset: out_dir/checkpoints")
+    upload_to: Path | None = Field(
+        None, description="a second location each checkpoint is copied to in the background (object storage)"
+    )
+    keep: int = Field(2, ge=1, description="checkpoints kept; older ones go once a newer one is durable")
+    hf: bool = Field(True, description="each checkpoint also holds the BF16 policy as a Hugging Face dir")
+    max_recoveries: int = Field(
+        3, ge=0, description="times a failed training group is rebuilt from the last checkpoint (0: stop)"
+    )
+
+
 class RunConfig(Section):
     seed: int = Field(0, description="seed of the whole run: prompts, sampling, initialisation")
     threads: int = Field(2, ge=1, description="torch threads in this process")
@@ -539,6 +556,7 @@ class JobConfig(Section):
     store: StoreConfig = StoreConfig()
     verifier: VerifierConfig = VerifierConfig()
     schedule: ScheduleConfig = ScheduleConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:

@@ -38,6 +38,7 @@ Lifecycles: `InstanceState` per instance (`rlsched.policy.lifecycle`), each move
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -229,6 +230,22 @@ class FleetCore:
         m = self.members.get(e.name)
         if m is not None and m.state not in _GONE:
             self._leave(m, e.leave, e.why, e.at)
+            if e.replace and m.window is None:
+                self._replace(m, e.at)
+
+    def _replace(self, dead: _Member, at: float) -> None:
+        """A dead instance of the job's own: a new one joins under the next free name (`NAME-rK`), so
+        the fleet keeps its generation capacity."""
+        base = re.sub(r"-r\d+$", "", dead.name)
+        k = 1
+        while f"{base}-r{k}" in self.members:
+            k += 1
+        name = f"{base}-r{k}"
+        self.counts.replaced += 1
+        self._add(name, dead.ingress_bps, None, at)
+        self._emit(
+            fx.Note(f"{name} replaces {dead.name}, which died; it serves once it has the latest version")
+        )
 
     def _leave(self, m: _Member, leave: Leave, why: str, at: float) -> None:
         if leave is Leave.DRAINING and m.state is _S.DRAINING:  # asked again: it is finishing already

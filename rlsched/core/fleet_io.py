@@ -109,12 +109,15 @@ class Scaled:
 
 @dataclass(slots=True)
 class Reclaimed:
-    """An instance must go (the cluster scheduler reclaims it), or is gone (its actor died)."""
+    """An instance must go (the cluster scheduler reclaims it), or is gone (its actor died). A dead
+    one the job owns is `replace`d: a new instance joins in its place (a window's or a grant's is not:
+    its resources were lent)."""
 
     at: float
     name: str
     leave: Leave
     why: str
+    replace: bool = False
 
 
 @dataclass(slots=True)
@@ -332,6 +335,7 @@ class FleetCounts:
     regenerated_tokens: int = 0
     duplicates_dropped: int = 0
     join_failures: int = 0
+    replaced: int = 0  # dead instances a new one took the place of
 
 
 def render(effects: Sequence[Effect], at: float) -> list[str]:

@@ -218,6 +218,17 @@ def inspect_checkpoint(path: Path | None = None) -> CheckpointInfo:
     )
 
 
+_NOT_THE_MODEL = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
+
+
+def architecture_fingerprint(path: Path | None = None) -> str:
+    """What makes two checkpoints the same model to resume (its config.json without the fields a save
+    or a dtype changes): a short SHA-256."""
+    data = _read_config(Path(path) if path is not None else BASE_CHECKPOINT)
+    kept = {k: v for k, v in data.items() if k not in _NOT_THE_MODEL}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def load_model(info: CheckpointInfo, dtype: torch.dtype = torch.float32, attn: str = "sdpa") -> Any:
     """The checkpoint's model through `AutoModelForCausalLM`, in eval mode."""
     from transformers import AutoModelForCausalLM

@@ -25,6 +25,7 @@ class Assembled:
     items: list[TrainItem]
     faults: int  # samples of left-out groups that ended in an execution fault
     stale_dropped: int  # samples of groups dropped for an inadmissible version
+    used: tuple[RequestId, ...] = ()  # the samples trained on, in the items' order
 
 
 def assemble(
@@ -50,10 +51,11 @@ def assemble(
         rewards.append([o.reward for o in judged if isinstance(o, Verdict)])
     if not rewards:
         return Assembled([], faults, stale)
+    used = tuple(r for group in kept for r in group)
     advantages = group_advantages(torch.tensor(rewards)).tolist()
     items = [
         TrainItem(samples[r].prompt_ids, samples[r].token_ids, samples[r].logprobs, float(a))
         for group, row in zip(kept, advantages, strict=True)
         for r, a in zip(group, row, strict=True)
     ]
-    return Assembled(items, faults, stale)
+    return Assembled(items, faults, stale, used)

@@ -12,6 +12,7 @@ Collective errors come out as `CollectiveFault`s that name the rank.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from rlsched.rl.sharding import (
     refuse_if_it_does_not_fit,
     shard,
 )
+from rlsched.rl.train_state import load_state, save_state
 from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
 
 
@@ -89,6 +91,17 @@ class RankTrainer:
             return None
         assert writer.done
         return writer.buffer
+
+    def save_state(self, directory: Path) -> None:
+        """Write this rank's share of the training state (`rlsched.rl.train_state`; every rank calls)."""
+        with collective_fault(self.rank, "saving a checkpoint"):
+            save_state(directory, self.rank, self.policy, self.optimizer, self.steps)
+
+    def load_state(self, directory: Path) -> int:
+        """Load the training state a checkpoint holds (every rank calls); the step it resumes after."""
+        with collective_fault(self.rank, "loading a checkpoint"):
+            self.steps = load_state(directory, self.rank, self.policy, self.optimizer)
+        return self.steps
 
     def held(self) -> HeldBytes:
         return held_bytes(self.policy, self.optimizer)

@@ -479,3 +479,62 @@ def test_sandbox_run_bad_input(tmp_path: Path) -> None:
     )
     assert_user_error(rlsched("sandbox", "run", str(tmp_path / "missing.py")), "does not exist")
     assert_user_error(rlsched("sandbox", "run", str(program), "--timeout", "0"), "must be positive")
+
+
+# -- --resume and the commit log ----------------------------------------------------------------------
+
+
+def test_resume_without_a_commit_log_is_refused(tmp_path: Path) -> None:
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--resume", str(tmp_path))
+    assert_user_error(proc, "has no commit log", "commit.sqlite", "without --resume")
+
+
+def _log_with(tmp_path: Path, iterations: int, model: str | None = None) -> Path:
+    from rlsched.model.checkpoint import architecture_fingerprint
+    from rlsched.store.commit_log import CommitLog, IterationEntry
+
+    log = CommitLog(tmp_path / "commit.sqlite")
+    log.begin_attempt()
+    log.put(model=model or architecture_fingerprint(None), model_path="somewhere")
+    for i in range(1, iterations + 1):
+        log.commit(IterationEntry(i, i, 8 * i, float(i), None, {"iteration": i}))
+    log.close()
+    return tmp_path / "commit.sqlite"
+
+
+def test_resume_from_a_damaged_log_names_the_last_good_iteration(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = _log_with(tmp_path, 4)
+    db = sqlite3.connect(path)
+    db.execute(
+        "UPDATE iterations SET body = replace(body, '\"cursor\":24', '\"cursor\":99') WHERE iteration = 3"
+    )
+    db.commit()
+    db.close()
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--resume", str(tmp_path))
+    assert_user_error(proc, "--resume refused", "last good iteration is 2")
+
+
+def test_resume_with_another_model_is_refused(tmp_path: Path) -> None:
+    _log_with(tmp_path, 2, model="0123456789abcdef")
+    proc = rlsched("run", "configs/jobs/quickstart.yaml", "--resume", str(tmp_path))
+    assert_user_error(proc, "trained a different model", "0123456789abcdef", "model.checkpoint")
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_stops_the_run_before_any_work(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = rlsched(
+        "run", "configs/jobs/quickstart.yaml", "--out", str(tmp_path / "out"),
+        "--set", f"checkpoint.dir={blocker}/ckpt",
+    )  # fmt: skip
+    assert_user_error(proc, "checkpoint.dir", "cannot be written", "writable directory")
+    assert not (tmp_path / "out" / "commit.sqlite").exists()
+
+
+def test_resume_and_local_and_two_directories_are_refused(tmp_path: Path) -> None:
+    local = rlsched("run", "configs/jobs/quickstart.yaml", "--local", "--resume")
+    assert_user_error(local, "--resume continues a Ray job", "Drop --local")
+    two = rlsched("run", "configs/jobs/quickstart.yaml", "--resume", str(tmp_path), "--out", "elsewhere")
+    assert_user_error(two, "name two directories")

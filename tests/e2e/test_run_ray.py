@@ -76,19 +76,6 @@ def test_small_job_writes_its_outputs_and_leaves_nothing_running(tmp_path: Path)
     assert ray_processes() == []
 
 
-def test_the_same_seed_gives_the_same_curve(tmp_path: Path) -> None:
-    """Two instances serve whichever requests they reach first, yet each request samples from its own
-    seed: two runs train alike, loss for loss."""
-    small = ["grpo.steps=3", "eval.every_steps=3", "task.eval_size=64", "eval.curve_size=32"]
-    curves = []
-    for n in range(2):
-        proc = rlsched_run("--out", str(tmp_path / str(n)), *[a for s in small for a in ("--set", s)])
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        rows = [json.loads(line) for line in (tmp_path / str(n) / "metrics.jsonl").read_text().splitlines()]
-        curves.append([(r["reward_mean"], r["loss"], r["tokens"], r["eval_pass_rate"]) for r in rows])
-    assert len(curves[0]) == 3 and curves[0] == curves[1]
-
-
 def test_job_larger_than_the_cluster_is_refused() -> None:
     proc = rlsched_run("--set", "trainer.ranks=20")
     assert proc.returncode == 2

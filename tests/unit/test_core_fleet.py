@@ -159,6 +159,29 @@ def test_a_preempted_group_resumes_elsewhere_from_its_shortest_saved_length() ->
     )
 
 
+def test_a_dead_instance_is_replaced_and_its_requests_resume_on_the_others() -> None:
+    c = core(ready=2)
+    c.handle(fx.Begun(0.0, 1, GROUP))
+    died = c.handle(fx.Reclaimed(1.0, "rollout-0", Leave.PREEMPTED, "its actor died", replace=True))
+    assert died[:2] == [fx.KillInstance("rollout-0"), fx.ReadSaved("rollout-0", ("g-0", "g-1"))]
+    assert died[2:] == [
+        fx.StartInstance("rollout-0-r1", 0.0),
+        fx.StartPull("rollout-0-r1", 0, JOIN),
+        fx.Note("rollout-0-r1 replaces rollout-0, which died; it serves once it has the latest version"),
+    ]
+    assert only(c.handle(fx.SavedRead(2.0, "rollout-0", ())), fx.Route)[0].name == "rollout-1"
+    c.handle(fx.PullDone(3.0, "rollout-0-r1", 0))
+    assert c.serving() == ["rollout-1", "rollout-0-r1"] and c.counts.replaced == 1
+    again = c.handle(fx.Reclaimed(4.0, "rollout-0-r1", Leave.PREEMPTED, "its actor died", replace=True))
+    assert fx.StartInstance("rollout-0-r2", 0.0) in again  # the next free name, from the same base
+
+
+def test_a_dead_instance_lent_by_a_window_or_a_scheduler_is_not_replaced() -> None:
+    c = core(ready=1)
+    effects = c.handle(fx.Reclaimed(1.0, "rollout-0", Leave.PREEMPTED, "its actor died", replace=False))
+    assert not only(effects, fx.StartInstance) and c.counts.replaced == 0
+
+
 def test_a_preempted_group_restarts_when_resuming_costs_more() -> None:
     c, effects = preempt_group(cost=ResumeCost(5000.0, 50.0, setup_s=1e9))
     assert only(effects, fx.CutSaved) == [fx.CutSaved("g-0", 0), fx.CutSaved("g-1", 0)]

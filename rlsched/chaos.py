@@ -1,0 +1,201 @@
+"""Fault injection for a running job, and the checks that it recovered (`scripts/chaos.py` runs the
+soak; `tests/chaos/` runs each fault once).
+
+A trial starts `rlsched run` as a user would, waits until a given iteration is committed, waits a
+little more (so the fault lands inside the next iteration), and kills its target with SIGKILL: a
+process found by the title Ray gives its workers (`ray::TrainerRank`, ...), or the driver itself.
+The job must then recover by itself (a new training group from the last checkpoint, a replacement
+instance, a replacement verifier worker) or, for the driver, through `rlsched run --resume`. After
+the run ends, `check_run` reads its commit log and report:
+
+- every iteration 1..N committed once, each with all of its requests, every request id once (no
+  sample lost or used twice);
+- the staleness bound held in every committed iteration;
+- every rank holds the published weights and every serving instance the latest version;
+- with a reference run, the same curve (reward, loss, tokens, held-out pass rate).
+
+Recovery time is the time from the kill until the commit log again holds an iteration past the one
+it held at the kill: the progress the fault cost, regained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+
+class Fault(StrEnum):
+    DRIVER = "driver"  # SIGKILL of the driver, then `rlsched run --resume`
+    SIGTERM = "sigterm"  # a preemption's notice: checkpoint, exit 3, then --resume
+    TRAINER_RANK = "trainer_rank"  # one rank's process
+    TRAINER_NODE = "trainer_node"  # every rank, the weight service's host among them
+    ROLLOUT_INSTANCE = "rollout_instance"
+    VERIFIER_WORKER = "verifier_worker"
+
+
+TITLES = {
+    Fault.TRAINER_RANK: "ray::TrainerRank",
+    Fault.TRAINER_NODE: "ray::TrainerRank",
+    Fault.ROLLOUT_INSTANCE: "ray::Instance",
+    Fault.VERIFIER_WORKER: "ray::VerifierWorker",
+}
+
+
+def processes(title: str) -> list[int]:
+    """Pids of the processes whose title starts with `title` (Ray names its workers `ray::Class`)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(pid) for pid, _, args in (line.strip().partition(" ") for line in out.splitlines())
+            if args.strip().startswith(title)]  # fmt: skip
+
+
+def committed(out: Path) -> int:
+    """The newest iteration in the run's metrics (rewritten from the commit log after a recovery)."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    return int(json.loads(lines[-1])["iteration"]) if lines else 0
+
+
+@dataclass
+class Trial:
+    fault: Fault
+    after: int  # the iteration committed when the fault was injected
+    delay_s: float
+    at_kill: int = 0  # the newest committed iteration when the fault landed
+    killed: list[int] = field(default_factory=list)
+    returncode: int | None = None
+    recovery_s: float | None = None
+    problems: list[str] = field(default_factory=list)
+    log: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _start(command: list[str], out: Path, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([*command, "--out", str(out)], stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def _wait_for(out: Path, iteration: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    give_up = time.monotonic() + timeout_s
+    while committed(out) < iteration:
+        if proc.poll() is not None or time.monotonic() > give_up:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def run_trial(
+    command: list[str], out: Path, fault: Fault, after: int, delay_s: float, timeout_s: float = 600.0
+) -> Trial:
+    """One run of `command` (`rlsched run CONFIG --set ...`, without --out) with `fault` injected
+    `delay_s` after iteration `after` is committed; the run is waited for (resumed, for the driver)."""
+    trial = Trial(fault, after, delay_s)
+    log = out.parent / f"{out.name}.log"
+    proc = _start(command, out, log)
+    if not _wait_for(out, after, proc, timeout_s):
+        proc.kill()
+        trial.problems.append(f"the run never committed iteration {after}")
+        return trial
+    time.sleep(delay_s)
+    at, kill_time = committed(out), time.monotonic()
+    trial.at_kill = at
+    if fault in (Fault.DRIVER, Fault.SIGTERM):
+        os.kill(proc.pid, signal.SIGKILL if fault is Fault.DRIVER else signal.SIGTERM)
+        trial.killed = [proc.pid]
+        first = proc.wait(timeout=timeout_s)
+        trial.at_kill = at = committed(out)  # what the stopped run had committed
+        expected = -signal.SIGKILL if fault is Fault.DRIVER else 3
+        if first != expected:
+            trial.problems.append(f"the first run ended with {first}, not {expected}")
+        proc = _start([*command, "--resume"], out, log)
+    else:
+        pids = processes(TITLES[fault])
+        chosen = pids if fault is Fault.TRAINER_NODE else pids[:1]
+        if not chosen:
+            trial.problems.append(f"no process titled {TITLES[fault]} to kill")
+        for pid in chosen:
+            os.kill(pid, signal.SIGKILL)
+        trial.killed = chosen
+    trial.recovery_s = _time_to(out, at + 1, proc, kill_time, timeout_s)
+    trial.returncode = proc.wait(timeout=timeout_s)
+    trial.log = log.read_text()[-4000:]
+    if trial.returncode != 0:
+        trial.problems.append(f"the run ended with status {trial.returncode}")
+    return trial
+
+
+def _time_to(
+    out: Path, iteration: int, proc: subprocess.Popen[bytes], since: float, timeout_s: float
+) -> float | None:
+    """Seconds from `since` until `iteration` is committed (None: the run ended or gave up first)."""
+    give_up = time.monotonic() + timeout_s
+    while committed(out) < iteration:
+        if time.monotonic() > give_up or (proc.poll() is not None and committed(out) < iteration):
+            return None
+        time.sleep(0.05)
+    return time.monotonic() - since
+
+
+def curve(out: Path) -> list[tuple[Any, ...]]:
+    """What must not change with a fault: reward, loss, tokens and held-out pass rate per iteration
+    (the version column does: a rebuilt training group publishes under a new version number)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["iteration"], r["reward_mean"], r["loss"], r["tokens"], r["eval_pass_rate"]) for r in rows]
+
+
+def check_run(out: Path, steps: int, per_iteration: int, max_staleness: int = 0,
+              reference: list[tuple[Any, ...]] | None = None) -> list[str]:  # fmt: skip
+    """What a recovered run must show (see the module docstring); the problems found."""
+    problems: list[str] = []
+    db = sqlite3.connect(out / "commit.sqlite")
+    try:
+        iterations = [i for (i,) in db.execute("SELECT iteration FROM iterations ORDER BY iteration")]
+        rows = db.execute("SELECT iteration, request_id FROM samples").fetchall()
+    finally:
+        db.close()
+    if iterations != list(range(1, steps + 1)):
+        problems.append(f"committed iterations {iterations}, not 1..{steps}")
+    by_iteration: dict[int, set[str]] = {}
+    for i, rid in rows:
+        by_iteration.setdefault(i, set()).add(rid)
+    for i in range(1, steps + 1):
+        got = by_iteration.get(i, set())
+        if len(got) != per_iteration or any(not r.startswith(f"{i}-") for r in got):
+            problems.append(f"iteration {i} holds {len(got)} request(s), not its {per_iteration}")
+    if len({r for _, r in rows}) != len(rows):
+        problems.append("a request id is committed twice")
+    for row in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()):
+        oldest = min(row["extra"]["sample_versions"], default=row["version"])
+        if row["version"] - oldest > max_staleness:
+            problems.append(
+                f"iteration {row['iteration']} used a sample {row['version'] - oldest} versions old"
+            )
+    report = json.loads((out / "report.json").read_text())
+    if not (report["weights"]["ranks_agree"] and report["weights"]["instances_at_latest"]):
+        problems.append(f"weights disagree at the end: {report['weights']}")
+    if reference is not None and curve(out) != reference:
+        problems.append("the curve differs from the uninterrupted run's")
+    return problems
+
+
+def pick(rng: random.Random, faults: list[Fault], steps: int) -> tuple[Fault, int, float]:
+    """A random trial for the soak: the fault, the iteration after which it lands, how far into the
+    next iteration."""
+    return rng.choice(faults), rng.randint(1, max(1, steps - 2)), round(rng.uniform(0.05, 0.6), 2)
+
+
+def command(config: str, sets: list[str]) -> list[str]:
+    return [sys.executable, "-m", "rlsched.cli", "run", config, *[a for s in sets for a in ("--set", s)]]
