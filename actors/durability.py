@@ -214,6 +214,16 @@ class JobLog:
         if checkpoint_due(iteration, self.cfg.checkpoint.every, last_iteration=False):
             self.checkpoint(iteration, controller, train_s)
 
+    def gauges(self) -> dict[str, float]:
+        """The durability figures the trackers show beside each row."""
+        f = self.figures
+        out = {"recoveries_total": float(self.recoveries)}
+        if f.commit_s:
+            out["commit_seconds"] = f.commit_s[-1]
+        if f.save_s:
+            out["checkpoint_seconds"] = f.save_s[-1]
+        return out
+
     # -- checkpoints -------------------------------------------------------------------------------
 
     def checkpoint(self, iteration: int, controller: JobController, train_s: float) -> ckpt.Saved:

@@ -35,6 +35,7 @@ from rlsched.core.demand import job_spec, required_resources
 from rlsched.errors import TrainingFault, UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
+from rlsched.metrics.tracking import Tracking
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task, check_prompts
@@ -271,11 +272,16 @@ def _iterate(
     plan: ResumePlan | None = None,
 ) -> JobReport:
     out_dir.mkdir(parents=True, exist_ok=True)
+    first = plan.start.iteration + 1 if plan is not None else 1
+    tracking = Tracking(cfg.tracking, out_dir, cfg.model_dump(mode="json"), first)
+    if tracking.prometheus is not None:
+        log(f"metrics: {tracking.prometheus.address} (Prometheus)")
     job_log = JobLog(cfg, out_dir, log, plan)
     try:
-        return _iterate_logged(cfg, controller, out_dir, log, tick, plan, job_log)
+        return _iterate_logged(cfg, controller, out_dir, log, tick, plan, job_log, tracking)
     finally:
         job_log.close()
+        tracking.close()
 
 
 def _iterate_logged(
@@ -286,6 +292,7 @@ def _iterate_logged(
     tick: Tick | None,
     plan: ResumePlan | None,
     job_log: JobLog,
+    tracking: Tracking,
 ) -> JobReport:
     metrics_path = out_dir / "metrics.jsonl"
     rows: list[dict[str, Any]] = list(plan.rows) if plan is not None else []
@@ -318,6 +325,7 @@ def _iterate_logged(
                 committed = it
                 commit_record(metrics_path, json.dumps(row))
                 rows.append(row)
+                tracking.log(row, it, job_log.gauges())
                 if row["eval_pass_rate"] is not None or it == first:
                     log(line)
                 if tick is not None:

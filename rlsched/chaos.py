@@ -160,10 +160,15 @@ def check_run(out: Path, steps: int, per_iteration: int, max_staleness: int = 0,
               reference: list[tuple[Any, ...]] | None = None) -> list[str]:  # fmt: skip
     """What a recovered run must show (see the module docstring); the problems found."""
     problems: list[str] = []
+    missing = [n for n in ("commit.sqlite", "metrics.jsonl", "report.json") if not (out / n).is_file()]
+    if missing:
+        return [f"the run left no {', '.join(missing)}"]
     db = sqlite3.connect(out / "commit.sqlite")
     try:
         iterations = [i for (i,) in db.execute("SELECT iteration FROM iterations ORDER BY iteration")]
         rows = db.execute("SELECT iteration, request_id FROM samples").fetchall()
+    except sqlite3.Error as err:
+        return [f"the commit log cannot be read: {err}"]
     finally:
         db.close()
     if iterations != list(range(1, steps + 1)):

@@ -112,7 +112,7 @@ def _add_run(sub: Any) -> None:
 
 
 def _add_cluster_commands(sub: Any) -> None:
-    from rlsched.cli_cluster import cmd_cancel, cmd_queue, cmd_status, cmd_submit
+    from rlsched.cli_cluster import cmd_cancel, cmd_logs, cmd_queue, cmd_status, cmd_submit
 
     subm = sub.add_parser("submit", help="run a job under the cluster scheduler, detached")
     subm.add_argument("config", type=Path, help="job config")
@@ -120,8 +120,21 @@ def _add_cluster_commands(sub: Any) -> None:
     subm.add_argument("--priority", help="its priority class (default: the queue's default)")
     _overrides(subm, "override a value")
     subm.add_argument("--out", type=Path, help="output directory; its name is the job's name")
+    subm.add_argument(
+        "--working-dir",
+        type=Path,
+        default=Path("."),
+        help="uploaded as the job's runtime_env working_dir (default: here, without .git, .venv*, runs)",
+    )
+    subm.add_argument(
+        "--resume", action="store_true", help="continue the run in --out (rlsched run --resume)"
+    )
     _address(subm)
     subm.set_defaults(func=cmd_submit)
+    logs = sub.add_parser("logs", help="a job's output, from Ray's job API")
+    logs.add_argument("job", help="the job's name")
+    _address(logs)
+    logs.set_defaults(func=cmd_logs)
     for name, helptext, func in (
         ("queue", "pending jobs and the reason each one waits", cmd_queue),
         ("status", "the scheduler's nodes (free / capacity) and jobs", cmd_status),
@@ -344,6 +357,10 @@ def _add_model_import(model_sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "address", None):  # joining a cluster: Ray reads its auth mode when imported
+        from actors.auth import use_cluster_token
+
+        use_cluster_token()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

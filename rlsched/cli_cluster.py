@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,8 +21,9 @@ console = Console(highlight=False, soft_wrap=True, markup=False)  # job names, s
 
 
 @contextmanager
-def _on_cluster(address: str) -> Iterator[None]:
-    """Connect to the Ray cluster at `address` for one command (the scheduler's namespace)."""
+def _on_cluster(address: str) -> Iterator[str | None]:
+    """Connect to the Ray cluster at `address` for one command (the scheduler's namespace); yields
+    the dashboard's address (None: the cluster runs without one)."""
     import logging
 
     import ray
@@ -31,14 +31,16 @@ def _on_cluster(address: str) -> Iterator[None]:
     from actors.cluster import NAMESPACE
 
     try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        context = ray.init(
+            address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING
+        )
     except (ConnectionError, RuntimeError) as err:
         raise UserError(
             f"no Ray cluster at {address!r} ({err}); start one (`ray start --head`) or pass --address "
             "host:port of its head node"
         ) from None
     try:
-        yield
+        yield context.dashboard_url or None
     finally:
         ray.shutdown()
 
@@ -81,42 +83,98 @@ def cmd_admin_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+EXCLUDES = [".git", ".venv*", "runs", "bench_results", "models", "*.egg-info", "**/__pycache__", "*.pyc",
+            ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"]  # fmt: skip
+
+
+def jobs_client(dashboard: str | None) -> Any:
+    """Ray's job submission client for the cluster's dashboard. Ray 2.60 clusters use token
+    authentication by default: with a token on this machine, the client sends it."""
+    from ray.job_submission import JobSubmissionClient
+
+    if dashboard is None:
+        raise UserError(
+            "this Ray cluster runs without its dashboard, which Ray's job API needs; start the head with "
+            "`ray start --head --include-dashboard true` (ray[default] installed), or run the job in the "
+            "foreground with `rlsched run CONFIG --queue Q --address ADDR`"
+        )
+    url = dashboard if dashboard.startswith("http") else f"http://{dashboard}"
+    try:
+        return JobSubmissionClient(url)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise UserError(f"Ray's job API at {url} does not answer ({err}); is the dashboard up?") from None
+
+
+def _entrypoint(args: argparse.Namespace, out_dir: Path) -> str:
+    """The command Ray's job supervisor runs on the head node, in the uploaded working directory."""
+    import shlex
+
+    command = ["python", "-m", "rlsched.cli", "run", str(args.config), "--address", "auto"]
+    command += ["--out", str(out_dir), "--queue", args.queue]
+    command += ["--priority", args.priority] if args.priority else []
+    command += [x for kv in args.set for x in ("--set", kv)]
+    command += ["--resume"] if args.resume else []
+    return shlex.join(command)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Start `rlsched run --queue Q` detached, its output in OUT/submit.log; return once registered."""
-    import subprocess
+    """Submit `rlsched run --queue Q` through Ray's job API (the working directory uploaded as its
+    `runtime_env`); return once the cluster scheduler has registered it."""
     import time
+    import uuid
 
     import ray
 
     from rlsched.config import load_config
 
-    cfg = load_config(args.config, args.set)
-    out_dir: Path = args.out or cfg.run.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with _on_cluster(args.address):
+    cfg = load_config(args.config, args.set)  # bad input stops here, before anything is submitted
+    out_dir: Path = (args.out or cfg.run.out_dir).resolve()  # where the head node writes (shared storage)
+    name = out_dir.name
+    with _on_cluster(args.address) as dashboard:
         handle = _scheduler()
-        address = ray.get_runtime_context().gcs_address
-        command = [sys.executable, "-m", "rlsched.cli", "run", str(args.config), "--address", address]
-        command += ["--out", str(out_dir), "--queue", args.queue]
-        command += ["--priority", args.priority] if args.priority else []
-        command += [x for kv in args.set for x in ("--set", kv)]
-        log = out_dir / "submit.log"
-        with log.open("w") as f:
-            proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
+        client = jobs_client(dashboard)
+        submission = client.submit_job(
+            entrypoint=_entrypoint(args, out_dir),
+            submission_id=f"rlsched-{name}-{uuid.uuid4().hex[:6]}",
+            runtime_env={"working_dir": str(args.working_dir), "excludes": EXCLUDES},
+            metadata={"rlsched_job": name, "out": str(out_dir)},
+        )
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            view = ray.get(handle.poll.remote(out_dir.name))
-            if view["state"] != "unknown" or proc.poll() is not None:
+            view = ray.get(handle.poll.remote(name))
+            status = client.get_job_status(submission)
+            if view["state"] != "unknown" or status.is_terminal():
                 break
             time.sleep(0.5)
-    if proc.poll() is not None and proc.returncode != 0:
-        raise UserError(
-            f"the job exited at once (status {proc.returncode}); see {log}:\n{log.read_text()[-2000:]}"
-        )
+    if status.is_terminal() and str(status) != "SUCCEEDED":
+        logs = client.get_job_logs(submission)
+        raise UserError(f"the job ended at once ({status}); its output:\n{logs[-2000:]}")
     console.print(
-        f"submitted {out_dir.name} to queue {args.queue} (pid {proc.pid}, state {view['state']}); output in "
-        f"{log}. `rlsched queue` shows why it waits; `rlsched cancel {out_dir.name}` ends it"
+        f"submitted {name} to queue {args.queue} as Ray job {submission} (state {view['state']}). "
+        f"`rlsched status` shows it, `rlsched logs {name}` (or `ray job logs {submission}`) its output, "
+        f"`rlsched cancel {name}` ends it"
     )
+    return 0
+
+
+def _ray_jobs(dashboard: str | None) -> dict[str, Any]:
+    """The newest Ray job of each rlsched job name (by its submission's metadata)."""
+    if dashboard is None:
+        return {}
+    newest: dict[str, Any] = {}
+    for job in jobs_client(dashboard).list_jobs():
+        name = (job.metadata or {}).get("rlsched_job")
+        if name and (name not in newest or (job.start_time or 0) > (newest[name].start_time or 0)):
+            newest[name] = job
+    return newest
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _on_cluster(args.address) as dashboard:
+        job = _ray_jobs(dashboard).get(args.job)
+        if job is None:
+            raise UserError(f"no job named {args.job} was submitted through Ray's job API on this cluster")
+        print(jobs_client(dashboard).get_job_logs(job.submission_id), end="")
     return 0
 
 
@@ -141,8 +199,11 @@ def cmd_queue(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import ray
 
-    with _on_cluster(args.address):
+    with _on_cluster(args.address) as dashboard:
         status = ray.get(_scheduler().status.remote())
+        ray_jobs = _ray_jobs(dashboard)
+    status["ray_jobs"] = {name: {"submission_id": j.submission_id, "status": str(j.status)}
+                          for name, j in ray_jobs.items()}  # fmt: skip
     if args.json:
         print(json.dumps(status))
         return 0
@@ -160,7 +221,11 @@ def print_status(status: dict[str, Any]) -> None:
         where = f" on {', '.join(j['nodes'])}" if j["nodes"] else ""
         parts = f"; elastic {j['elastic']}" if j["elastic"] else ""
         why = f": {j['reason']}" if j["reason"] else ""
-        console.print(f"  job {name} [{j['state']}] queue {j['queue']} {j['priority']}{where}{parts}{why}")
+        ray_job = status.get("ray_jobs", {}).get(name)
+        submitted = f" (Ray job {ray_job['submission_id']}: {ray_job['status']})" if ray_job else ""
+        console.print(
+            f"  job {name} [{j['state']}]{submitted} queue {j['queue']} {j['priority']}{where}{parts}{why}"
+        )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -533,6 +533,19 @@ class CheckpointConfig(Section):
     )
 
 
+class TrackingConfig(Section):
+    """Where the metrics rows go besides metrics.jsonl (rlsched/metrics/tracking.py)."""
+
+    tensorboard: bool = Field(True, description="TensorBoard event files in out_dir/tensorboard")
+    wandb: bool = Field(False, description="log to Weights & Biases (pip install wandb; WANDB_* env vars)")
+    mlflow: bool = Field(False, description="log to MLflow (pip install mlflow; MLFLOW_TRACKING_URI)")
+    project: str = Field("rlsched", description="the W&B project, or the MLflow experiment")
+    prometheus_port: int | None = Field(
+        None, ge=0, le=65535, description="serve the newest row at http://HOST:PORT/metrics (0: any port)"
+    )
+    prometheus_host: str = Field("127.0.0.1", description="the Prometheus endpoint's address")
+
+
 class RunConfig(Section):
     seed: int = Field(0, description="seed of the whole run: prompts, sampling, initialisation")
     threads: int = Field(2, ge=1, description="torch threads in this process")
@@ -557,6 +570,7 @@ class JobConfig(Section):
     verifier: VerifierConfig = VerifierConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:

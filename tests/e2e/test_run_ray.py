@@ -45,6 +45,7 @@ def test_small_job_writes_its_outputs_and_leaves_nothing_running(tmp_path: Path)
         "task.eval_size=64",
         "eval.curve_size=32",
         "grpo.prompts_per_step=8",
+        "tracking.prometheus_port=0",
     ]
     proc = rlsched_run("--out", str(tmp_path), *[a for s in small for a in ("--set", s)])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -73,6 +74,16 @@ def test_small_job_writes_its_outputs_and_leaves_nothing_running(tmp_path: Path)
     }
     assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
+    assert "metrics: http://127.0.0.1:" in proc.stdout  # the driver's Prometheus endpoint, announced
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx([r["loss"] for r in rows])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["weights"]["ranks_agree"] and report["weights"]["instances_at_latest"]
+    assert report["durability"]["checkpoints"] == 1 and report["durability"]["durable_through"] == 3
     assert ray_processes() == []
 
 

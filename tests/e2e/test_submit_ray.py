@@ -1,0 +1,90 @@
+"""`rlsched submit` through Ray's job API, on a cluster started as an admin starts one (`ray start
+--head` with its dashboard): the job is registered with the cluster scheduler, runs as a Ray job on
+the head node from the uploaded working directory, `rlsched status` shows Ray's job status beside the
+scheduler's, and `rlsched logs` prints its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import rlsched, wait_for
+
+pytestmark = pytest.mark.ray
+
+ADMIN = """
+device_types: []
+nodes:
+  - {name: head, resources: {CPU: 8}}
+priority_classes:
+  low: {value: 10, preemptible: true, grace_s: 10, min_run_s: 0}
+queues:
+  research:
+    nominal: {CPU: 8}
+    default_priority: low
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A one-node cluster from `ray start --head` with the dashboard, its python the one we test with."""
+    ray = str(Path(sys.executable).parent / "ray")
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    port, dashboard = _free_port(), _free_port()
+    start = [ray, "start", "--head", f"--port={port}", "--num-cpus=8", "--include-dashboard=true",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+             "--object-store-memory=300000000"]  # fmt: skip
+    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-2000:]
+    address = f"127.0.0.1:{port}"
+    try:
+        admin = tmp_path_factory.mktemp("admin") / "one.yaml"
+        admin.write_text(ADMIN)
+        scheduler = rlsched("admin", "start", str(admin), "--address", address)
+        assert scheduler.returncode == 0, scheduler.stderr
+        yield address
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_submit_runs_the_job_through_rays_job_api(head: str, tmp_path: Path) -> None:
+    out = tmp_path / "submitted"
+    sets = [
+        "grpo.steps=2",
+        "eval.every_steps=2",
+        "task.eval_size=64",
+        "eval.curve_size=32",
+        "grpo.prompts_per_step=8",
+    ]
+    proc = rlsched(
+        "submit", "configs/jobs/quickstart.yaml", "--queue", "research", "--out", str(out), "--address", head,
+        *[a for s in sets for a in ("--set", s)],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "as Ray job rlsched-submitted-" in proc.stdout
+
+    def finished() -> str | None:
+        shown = rlsched("status", "--json", "--address", head)
+        state = json.loads(shown.stdout)["ray_jobs"].get("submitted", {}).get("status")
+        return state if state in ("SUCCEEDED", "FAILED", "STOPPED") else None
+
+    assert wait_for(finished, "the Ray job to end", timeout_s=400) == "SUCCEEDED"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    logs = rlsched("logs", "submitted", "--address", head)
+    assert logs.returncode == 0 and "held-out pass rate after" in logs.stdout
+    shown = rlsched("status", "--address", head)
+    assert "(Ray job rlsched-submitted-" in shown.stdout and "SUCCEEDED" in shown.stdout
