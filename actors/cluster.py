@@ -19,6 +19,11 @@ A job's driver (`rlsched run --queue Q --priority P`, or `rlsched submit`, or an
 while a scheduler exists) registers its `JobSpec`, polls until admitted, runs inside the placement
 groups it was given, reports elastic parts it released, and says when it is done. Jobs run alone,
 as before, when no scheduler exists.
+
+The scheduler survives its own death: its core is saved to SQLite (`rlsched.store.snapshots`)
+after every event and before any effect is carried out; the actor is pinned to the head node and
+restarted by Ray, takes the core back, and reconciles it with Ray (placement groups found by name;
+a missing one is a failed placement). Callers' requests are retried on the restarted actor.
 """
 
 from __future__ import annotations
@@ -27,11 +32,19 @@ import contextlib
 import copy
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_placement_group,
+    placement_group,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.scale import running_jobs
 from rlsched.core import cluster as cx
@@ -39,6 +52,7 @@ from rlsched.core.cluster import ClusterCore, ClusterTrace, GroupId, JobId, JobS
 from rlsched.policy.cluster_model import AdmissionParams
 from rlsched.policy.lifecycle import JobState
 from rlsched.policy.placement import Node, Resources
+from rlsched.store.snapshots import SnapshotStore
 
 __all__ = ["JobSpec", "JobState", "Scheduler"]
 
@@ -69,14 +83,42 @@ class Scheduler:
     each cycle reads the node inventory; effects become placement groups made or removed."""
 
     def __init__(
-        self, params: AdmissionParams, cycle_s: float = 0.5, defaults: dict[str, str] | None = None
+        self,
+        params: AdmissionParams,
+        cycle_s: float = 0.5,
+        defaults: dict[str, str] | None = None,
+        state: Path | None = None,
+        owner: str = "",
     ) -> None:
         self.cycle_s = cycle_s
-        self.core = ClusterCore(params, defaults, at=time.time())
         self.lock = threading.RLock()
         self.groups: dict[GroupId, PlacementGroup] = {}
         self.node_ids: dict[str, str] = {}
         self.trace: ClusterTrace | None = None
+        self.store = SnapshotStore(state) if state is not None else None
+        self.owner = owner
+        restored = self.store.load("core", owner) if self.store is not None else None
+        self.restored = restored is not None
+        self.core: ClusterCore = restored or ClusterCore(params, defaults, at=time.time())
+        with self.lock:
+            if restored is not None:
+                self._reconcile()
+            self._save()
+
+    def _save(self) -> None:
+        """The core's state, fsync'ed: after every event it handled, before any effect is carried out."""
+        if self.store is not None:
+            self.store.save("core", self.owner, self.core)
+
+    def _reconcile(self) -> None:
+        """Restarted: the placement groups Ray still holds are taken back by name; one it does not hold
+        (never made, or removed meanwhile) is a failed placement, which the core handles as such."""
+        for job, group, part in self.core.held_groups():
+            try:
+                self.groups[group] = get_placement_group(group)
+            except ValueError:
+                why = f"its placement group {group} was gone when the scheduler restarted"
+                self._feed(cx.PlacementFailed(time.time(), job, why, part))
 
     @property
     def jobs(self) -> dict[JobId, Any]:
@@ -92,6 +134,7 @@ class Scheduler:
         effects = self.core.handle(event)
         if self.trace is not None:
             self.trace.add(event, effects)
+        self._save()
         self._apply(effects)
         return effects
 
@@ -191,11 +234,18 @@ class SchedulerActor:
     """The detached actor: `Scheduler` plus a thread that runs a cycle every `cycle_s`."""
 
     def __init__(
-        self, params: AdmissionParams, cycle_s: float = 0.5, defaults: dict[str, str] | None = None
+        self,
+        params: AdmissionParams,
+        cycle_s: float = 0.5,
+        defaults: dict[str, str] | None = None,
+        state: str | None = None,
+        owner: str = "",
     ) -> None:
-        self.s = Scheduler(params, cycle_s, defaults)
+        path = Path(state).expanduser() if state else None
+        self.s = Scheduler(params, cycle_s, defaults, path, owner)
         self._stop = threading.Event()
         self._error = ""
+        self._state = str(path) if path else ""
         threading.Thread(target=self._loop, daemon=True).start()
 
     def _loop(self) -> None:
@@ -229,7 +279,13 @@ class SchedulerActor:
         return self.s.queue()
 
     def status(self) -> dict[str, Any]:
-        return self.s.status() | {"error": self._error}
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        return self.s.status() | {"error": self._error, "state": self._state, "restarted": restarted}
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
 
     def stop(self) -> None:
         self._stop.set()
@@ -249,13 +305,36 @@ def _drivers_alive() -> set[str]:
     return set(running_jobs())
 
 
+DEFAULT_STATE = "~/.rlsched/scheduler.sqlite"  # on the head node, where the scheduler is pinned
+
+
+def head_node_id() -> str:
+    """The head node's id (the scheduler lives there, beside its state file and Ray's GCS)."""
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+            return str(n["NodeID"])
+    return str(ray.get_runtime_context().get_node_id())
+
+
 def start_scheduler(
-    params: AdmissionParams, cycle_s: float = 0.5, defaults: dict[str, str] | None = None
+    params: AdmissionParams,
+    cycle_s: float = 0.5,
+    defaults: dict[str, str] | None = None,
+    state: str | None = DEFAULT_STATE,
 ) -> Any:
-    """Create the detached scheduler (ValueError if one exists)."""
-    handle = SchedulerActor.options(name=SCHEDULER_NAME, namespace=NAMESPACE, lifetime="detached").remote(
-        params, cycle_s, defaults
-    )
+    """Create the detached scheduler (ValueError if one exists). With `state`, it keeps its state in
+    that SQLite file on the head node, is pinned there, and Ray restarts it after a crash: it takes
+    its state back, and callers' requests in flight are retried on the restarted actor."""
+    durable: dict[str, Any] = {}
+    if state:
+        durable = {
+            "max_restarts": -1,
+            "max_task_retries": -1,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
+        }
+    handle = SchedulerActor.options(
+        name=SCHEDULER_NAME, namespace=NAMESPACE, lifetime="detached", **durable
+    ).remote(params, cycle_s, defaults, state, uuid.uuid4().hex)
     ray.get(handle.queue.remote())  # up and answering
     return handle
 

@@ -154,8 +154,7 @@ class JobController:
         self.train_stream, self.cursor = self._stream_at(start.cursor)
         version = self.core.version + 1
         self.core, self.phases = self._iteration_core(version), it.Phases()
-        meta = self.group.publish(version)
-        self.reload(meta)
+        self.reload(self.group.publish(version), replenish=True)
         return version
 
     def _set_aside_spans(self, after: int) -> None:
@@ -290,9 +289,17 @@ class JobController:
         self.spans.append(Span(SpanKind.PUBLISH, f"v{meta.version}", start, self.clock(), iteration, attrs))
         return meta
 
-    def reload(self, meta: PublishedVersion) -> None:
+    def reload(self, meta: PublishedVersion, replenish: bool = False) -> None:
+        """Every serving instance takes `meta`'s version. With `replenish`, instances the job lost
+        without a replacement (their reload died with an old training group's weight service) are
+        replaced first, and join at this version."""
         self.fleet.publish(meta)
+        if replenish:
+            self.fleet.replenish(self.cfg.rollout.instances)
+        failed = self.fleet.counts.join_failures
         self.fleet.reload(self._held(meta.version))
+        if self.fleet.counts.join_failures > failed:  # were they unable to reach rank 0's service?
+            self.group.check("reload")
         if self.endpoint is not None:
             ray.get(self.endpoint.sync.remote(self.fleet.live_handles(), meta.version))
 
@@ -413,9 +420,24 @@ class JobController:
         requests = eval_requests(
             self.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
         )
-        handles = self.fleet.serving_handles()
-        refs = [h.complete.remote(requests[i :: len(handles)]) for i, h in enumerate(handles)]
-        return score(problems, (s for batch in ray.get(refs) for s in batch), self.verifiers)
+        for _ in range(3):  # an instance that dies meanwhile is replaced, and the evaluation rerun
+            if not self.fleet.serving():
+                self.fleet.wait_serving()
+            names = self.fleet.serving()
+            refs = [
+                self.fleet.handles[n].complete.remote(requests[i :: len(names)]) for i, n in enumerate(names)
+            ]
+            batches, dead = [], []
+            for name, ref in zip(names, refs, strict=True):
+                try:
+                    batches.append(ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    dead.append(name)
+            if not dead:
+                return score(problems, (s for batch in batches for s in batch), self.verifiers)
+            for name in dead:
+                self.fleet.died(name)
+        raise RuntimeError("the held-out evaluation lost an instance three times in a row")
 
     def save_policy(self, out: Path) -> Path:
         """The latest published version as a checkpoint directory (`rlsched generate --checkpoint`),

@@ -247,6 +247,10 @@ class Fleet:
             self.add(name, pg)
             self.log(f"{name} granted by the cluster scheduler; it serves once it has the latest version")
 
+    def replenish(self, target: int) -> None:
+        """The job's own instances back to `target` (the core starts replacements for ones gone)."""
+        self._feed(fx.Replenish(self.clock(), target, tuple(sorted(self.granted))))
+
     def reclaim(self, name: str, why: str) -> None:
         self._feed(fx.Reclaimed(self.clock(), name, Leave.PREEMPTED, why))
 
@@ -311,14 +315,14 @@ class Fleet:
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
             del self.streams[name]
-            self._died(name)
+            self.died(name)
             return []
         self._feed(fx.Arrived(self.clock(), name, self._sample.request_id))
         self._sample = None
         out, self._accepted = self._accepted, []
         return out
 
-    def _died(self, name: str) -> None:
+    def died(self, name: str) -> None:
         """An instance's actor died (its process or node is gone): preempted, and replaced unless
         the cluster scheduler lent it."""
         replace = name not in self.granted
@@ -328,7 +332,7 @@ class Fleet:
         try:
             report: JoinReport = ray.get(ref)
         except ray.exceptions.RayActorError:
-            self._died(name)
+            self.died(name)
             return
         except ray.exceptions.RayTaskError as err:
             self._feed(fx.PullDone(self.clock(), name, -1, str(err.cause)))

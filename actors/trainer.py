@@ -117,6 +117,9 @@ class TrainerRank:
         manifest = self.weights.publish(version, blob)
         return PublishedVersion(version, manifest.sha256, len(blob), self.weights.address)
 
+    def ping(self) -> int:
+        return self.rank
+
     def save_state(self, directory: str) -> None:
         self._trainer().save_state(Path(directory))
 
@@ -249,6 +252,11 @@ class TrainingGroup:
         ranks = self.ranks if self.cfg.sharded else self.ranks[:1]
         published: PublishedVersion = answers([r.publish.remote(version) for r in ranks], "publish")[0]
         return published
+
+    def check(self, step: str) -> None:
+        """A `TrainingFault` unless every rank answers (after a sign of trouble: instances that could
+        not reach rank 0's weight service)."""
+        answers([r.ping.remote() for r in self.ranks], step)
 
     def save_state(self, directory: Path) -> None:
         """Every rank writes its share of the training state into `directory` (a checkpoint being

@@ -14,8 +14,10 @@ the run ends, `check_run` reads its commit log and report:
 - every rank holds the published weights and every serving instance the latest version;
 - with a reference run, the same curve (reward, loss, tokens, held-out pass rate).
 
-Recovery time is the time from the kill until the commit log again holds an iteration past the one
-it held at the kill: the progress the fault cost, regained.
+Recovery time is the time from the kill until the commit log holds, for good, an iteration past the
+one it held at the kill: the progress the fault cost, regained (a kill that lands after an update
+may let one more iteration commit before the fault is seen; the rewind that follows sends the log
+back, and only the last climb counts).
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+STEPS, PROMPTS, GROUP = 6, 8, 8  # the trials' job: the quickstart, small
+SETS = [
+    f"grpo.steps={STEPS}",
+    f"grpo.prompts_per_step={PROMPTS}",
+    "checkpoint.every=2",
+    "eval.every_steps=3",
+    "task.eval_size=64",
+    "eval.curve_size=32",
+    "trainer.collective_timeout_s=20",
+]
 
 
 class Fault(StrEnum):
@@ -131,7 +144,7 @@ def run_trial(
         trial.killed = chosen
     trial.recovery_s = _time_to(out, at + 1, proc, kill_time, timeout_s)
     trial.returncode = proc.wait(timeout=timeout_s)
-    trial.log = log.read_text()[-4000:]
+    trial.log = log.read_text()
     if trial.returncode != 0:
         trial.problems.append(f"the run ended with status {trial.returncode}")
     return trial
@@ -140,13 +153,20 @@ def run_trial(
 def _time_to(
     out: Path, iteration: int, proc: subprocess.Popen[bytes], since: float, timeout_s: float
 ) -> float | None:
-    """Seconds from `since` until `iteration` is committed (None: the run ended or gave up first)."""
+    """Seconds from `since` until `iteration` is committed for good: a recovery that rewinds the log
+    (a rebuilt training group redoes iterations) sends it back below, and only the last climb past
+    it counts. Watched until the run ends; None if it never got there."""
     give_up = time.monotonic() + timeout_s
-    while committed(out) < iteration:
-        if time.monotonic() > give_up or (proc.poll() is not None and committed(out) < iteration):
-            return None
+    regained: float | None = None
+    while proc.poll() is None and time.monotonic() < give_up:
+        if committed(out) >= iteration:
+            regained = regained if regained is not None else time.monotonic() - since
+        else:
+            regained = None
         time.sleep(0.05)
-    return time.monotonic() - since
+    if committed(out) < iteration:
+        return None
+    return regained if regained is not None else time.monotonic() - since
 
 
 def curve(out: Path) -> list[tuple[Any, ...]]:
@@ -156,8 +176,14 @@ def curve(out: Path) -> list[tuple[Any, ...]]:
     return [(r["iteration"], r["reward_mean"], r["loss"], r["tokens"], r["eval_pass_rate"]) for r in rows]
 
 
-def check_run(out: Path, steps: int, per_iteration: int, max_staleness: int = 0,
-              reference: list[tuple[Any, ...]] | None = None) -> list[str]:  # fmt: skip
+def check_run(
+    out: Path,
+    steps: int,
+    per_iteration: int,
+    max_staleness: int = 0,
+    reference: list[tuple[Any, ...]] | None = None,
+    uploaded: bool = False,
+) -> list[str]:
     """What a recovered run must show (see the module docstring); the problems found."""
     problems: list[str] = []
     missing = [n for n in ("commit.sqlite", "metrics.jsonl", "report.json") if not (out / n).is_file()]
@@ -191,6 +217,9 @@ def check_run(out: Path, steps: int, per_iteration: int, max_staleness: int = 0,
     report = json.loads((out / "report.json").read_text())
     if not (report["weights"]["ranks_agree"] and report["weights"]["instances_at_latest"]):
         problems.append(f"weights disagree at the end: {report['weights']}")
+    durable = report["durability"]["durable_through"]
+    if uploaded and durable != steps:
+        problems.append(f"the uploads are durable through iteration {durable}, not {steps}")
     if reference is not None and curve(out) != reference:
         problems.append("the curve differs from the uninterrupted run's")
     return problems

@@ -251,6 +251,12 @@ def _add_admin(sub: Any) -> None:
     start.add_argument("file", type=Path, help="e.g. configs/admin/example.yaml")
     _address(start)
     start.add_argument("--cycle-s", type=float, default=0.5, help="seconds between admission cycles")
+    start.add_argument(
+        "--state",
+        default="~/.rlsched/scheduler.sqlite",
+        help="its state's SQLite file, on the head node, where it is pinned; Ray restarts it after a crash "
+        "and it takes its state back ('' keeps it in memory only; default: %(default)s)",
+    )
     start.set_defaults(func=cmd_admin_start)
     stop = adm_sub.add_parser("stop", help="stop the cluster scheduler (its jobs' placement groups go too)")
     _address(stop)

@@ -65,7 +65,7 @@ def cmd_admin_start(args: argparse.Namespace) -> int:
     with _on_cluster(args.address):
         if find_scheduler() is not None:
             raise UserError("a cluster scheduler already runs here; `rlsched admin stop` it first")
-        start_scheduler(admission_params(cfg), args.cycle_s, defaults)
+        start_scheduler(admission_params(cfg), args.cycle_s, defaults, state=args.state or None)
     console.print(
         f"cluster scheduler started with {args.file} ({len(cfg.queues)} queues, "
         f"{len(cfg.priority_classes)} priority classes); a cycle every {args.cycle_s:g} s. "

@@ -11,8 +11,8 @@ after `--trials` trials (0: no limit) or once `--budget-s` seconds have passed, 
 first, and after every fault kind has had at least one trial. Prints one table (trials, recovered,
 problems, recovery time p50/max per kind) and writes bench_results/chaos.json.
 
-Recovery time: from the kill until the commit log holds an iteration past the one it held at the
-kill (for the driver: including `rlsched run --resume` starting a new Ray cluster).
+Recovery time: from the kill until the commit log holds, for good, an iteration past the one it
+held at the kill (for the driver: including `rlsched run --resume` starting a new Ray cluster).
 """
 
 from __future__ import annotations
@@ -31,18 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _bench import parser, table, write
 
-from rlsched.chaos import Fault, check_run, command, curve, pick, run_trial
-
-STEPS, PROMPTS, GROUP = 6, 8, 8
-SETS = [
-    f"grpo.steps={STEPS}",
-    f"grpo.prompts_per_step={PROMPTS}",
-    "checkpoint.every=2",
-    "eval.every_steps=3",
-    "task.eval_size=64",
-    "eval.curve_size=32",
-    "trainer.collective_timeout_s=20",
-]
+from rlsched.chaos import GROUP, PROMPTS, SETS, STEPS, Fault, check_run, command, curve, pick, run_trial
 
 
 def _reference(root: Path, sets: list[str]) -> list[tuple[Any, ...]]:
@@ -80,7 +69,7 @@ def main() -> None:
             fault = untried.pop(0)
         out = root / f"trial-{len(trials)}"
         trial = run_trial(command("configs/jobs/quickstart.yaml", sets), out, fault, after, delay)
-        problems = trial.problems + check_run(out, STEPS, PROMPTS * GROUP, reference=reference)
+        problems = trial.problems + check_run(out, STEPS, PROMPTS * GROUP, reference=reference, uploaded=True)
         trials.append(
             {"fault": str(fault), "after": after, "delay_s": delay, "at_kill": trial.at_kill,
              "killed": len(trial.killed), "recovery_s": trial.recovery_s, "problems": problems}

@@ -288,6 +288,16 @@ class ClusterCore:
             "usage": usage_by_queue(self.running()),
         }
 
+    def held_groups(self) -> list[tuple[JobId, GroupId, PartId | None]]:
+        """Every placement group the core believes exists: each running job's gangs (part None) and
+        elastic parts. A restarted driver checks them against what Ray holds."""
+        out: list[tuple[JobId, GroupId, PartId | None]] = []
+        for name, job in self.jobs.items():
+            if job.state is JobState.RUNNING:
+                out += [(name, group, None) for group, _ in job.gangs]
+                out += [(name, p.group, part) for part, p in job.parts.items()]
+        return out
+
     def free(self) -> dict[str, Resources]:
         free: dict[str, Resources] = {n.name: dict(n.capacity) for n in self.nodes}
         for r in self.running():

@@ -119,6 +119,7 @@ class FleetCore:
             fx.ReloadAsked: self._reload_asked,
             fx.Added: self._added,
             fx.Scaled: self._scaled_by_user,
+            fx.Replenish: self._replenish,
             fx.Reclaimed: self._reclaimed,
             fx.SavedRead: self._saved_read,
         }
@@ -233,6 +234,13 @@ class FleetCore:
             if e.replace and m.window is None:
                 self._replace(m, e.at)
 
+    def _replenish(self, e: fx.Replenish) -> None:
+        own = [m for m in self.members.values() if m.window is None and m.name not in e.exclude]
+        live = sum(m.state not in _GONE for m in own)
+        gone = [m for m in own if m.state in _GONE]
+        for m in gone[: max(e.target - live, 0)]:
+            self._replace(m, e.at)
+
     def _replace(self, dead: _Member, at: float) -> None:
         """A dead instance of the job's own: a new one joins under the next free name (`NAME-rK`), so
         the fleet keeps its generation capacity."""
@@ -243,9 +251,7 @@ class FleetCore:
         name = f"{base}-r{k}"
         self.counts.replaced += 1
         self._add(name, dead.ingress_bps, None, at)
-        self._emit(
-            fx.Note(f"{name} replaces {dead.name}, which died; it serves once it has the latest version")
-        )
+        self._emit(fx.Note(f"{name} replaces {dead.name}; it serves once it has the latest version"))
 
     def _leave(self, m: _Member, leave: Leave, why: str, at: float) -> None:
         if leave is Leave.DRAINING and m.state is _S.DRAINING:  # asked again: it is finishing already

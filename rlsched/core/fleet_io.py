@@ -190,10 +190,22 @@ class Tick:
     at: float
 
 
+@dataclass(slots=True)
+class Replenish:
+    """Bring the job's own instances back to `target`: a fault took some that nobody replaced (a
+    training group that died under a reload left its instances unable to take the version). Lent
+    instances (`exclude`, and every transient window's) do not count."""
+
+    at: float
+    target: int
+    exclude: tuple[str, ...] = ()
+
+
 Event = (
     Added
     | Scaled
     | Reclaimed
+    | Replenish
     | Published
     | ReloadAsked
     | PullDone

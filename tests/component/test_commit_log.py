@@ -137,3 +137,24 @@ def test_uploads_run_in_order_in_the_background_and_failures_are_reported(tmp_pa
     up.submit(3, tmp_path / "local" / "iter-0000003")  # never sealed: the copy fails
     assert up.close(60)
     assert outcomes == [(1, True), (2, True), (3, False)]
+
+
+# -- the scheduler's state file -------------------------------------------------------------------------
+
+
+def test_a_snapshot_comes_back_only_to_its_owner_and_only_intact(tmp_path: Path) -> None:
+    from rlsched.store.snapshots import SnapshotError, SnapshotStore
+
+    store = SnapshotStore(tmp_path / "s.sqlite")
+    store.save("core", "owner-a", {"jobs": [1, 2, 3]})
+    store.save("core", "owner-a", {"jobs": [1, 2, 3, 4]})  # each save replaces the last
+    assert store.load("core", "owner-a") == {"jobs": [1, 2, 3, 4]}
+    assert store.load("core", "owner-b") is None  # a new scheduler never adopts an old one's state
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2
+    store.close()
+    db = sqlite3.connect(tmp_path / "s.sqlite")
+    db.execute("UPDATE state SET body = zeroblob(length(body))")
+    db.commit()
+    db.close()
+    with pytest.raises(SnapshotError, match="checksum"):
+        SnapshotStore(tmp_path / "s.sqlite").load("core", "owner-a")

@@ -167,13 +167,31 @@ def test_a_dead_instance_is_replaced_and_its_requests_resume_on_the_others() -> 
     assert died[2:] == [
         fx.StartInstance("rollout-0-r1", 0.0),
         fx.StartPull("rollout-0-r1", 0, JOIN),
-        fx.Note("rollout-0-r1 replaces rollout-0, which died; it serves once it has the latest version"),
+        fx.Note("rollout-0-r1 replaces rollout-0; it serves once it has the latest version"),
     ]
     assert only(c.handle(fx.SavedRead(2.0, "rollout-0", ())), fx.Route)[0].name == "rollout-1"
     c.handle(fx.PullDone(3.0, "rollout-0-r1", 0))
     assert c.serving() == ["rollout-1", "rollout-0-r1"] and c.counts.replaced == 1
     again = c.handle(fx.Reclaimed(4.0, "rollout-0-r1", Leave.PREEMPTED, "its actor died", replace=True))
     assert fx.StartInstance("rollout-0-r2", 0.0) in again  # the next free name, from the same base
+
+
+def test_replenish_brings_the_jobs_own_instances_back_to_the_target() -> None:
+    c = core(ready=3)
+    c.handle(fx.PullDone(1.0, "rollout-0", -1, "weight service: UNAVAILABLE"))  # no pull: ignored
+    c.handle(fx.Published(1.0, 1))
+    c.handle(fx.ReloadAsked(1.0))
+    for name in ("rollout-0", "rollout-1"):  # the service died under the reload: both gave up
+        c.handle(fx.PullDone(2.0, name, -1, "weight service: UNAVAILABLE"))
+    c.handle(fx.PullDone(2.0, "rollout-2", 1))
+    assert c.serving() == ["rollout-2"]
+    effects = c.handle(fx.Replenish(3.0, target=3, exclude=("rollout-2",)))
+    assert only(effects, fx.StartInstance) == [
+        fx.StartInstance("rollout-0-r1", 0.0),
+        fx.StartInstance("rollout-1-r1", 0.0),
+    ]
+    assert c.handle(fx.Replenish(4.0, target=2)) == []  # three live: rollout-2 and the two joiners
+    assert c.counts.replaced == 2
 
 
 def test_a_dead_instance_lent_by_a_window_or_a_scheduler_is_not_replaced() -> None:
