@@ -13,6 +13,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# an admin file for one node of 8 CPUs and one queue, for tests that start a scheduler on it
+ONE_NODE_ADMIN = """
+device_types: []
+nodes:
+  - {name: head, resources: {CPU: 8}}
+priority_classes:
+  low: {value: 10, preemptible: true, grace_s: 10, min_run_s: 0}
+queues:
+  research:
+    nominal: {CPU: 8}
+    default_priority: low
+"""
+
 
 def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -15,21 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import rlsched, wait_for
+from tests.helpers import ONE_NODE_ADMIN, rlsched, wait_for
 
 pytestmark = pytest.mark.ray
-
-ADMIN = """
-device_types: []
-nodes:
-  - {name: head, resources: {CPU: 8}}
-priority_classes:
-  low: {value: 10, preemptible: true, grace_s: 10, min_run_s: 0}
-queues:
-  research:
-    nominal: {CPU: 8}
-    default_priority: low
-"""
 
 
 def _free_port() -> int:
@@ -52,7 +40,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     address = f"127.0.0.1:{port}"
     try:
         admin = tmp_path_factory.mktemp("admin") / "one.yaml"
-        admin.write_text(ADMIN)
+        admin.write_text(ONE_NODE_ADMIN)
         scheduler = rlsched("admin", "start", str(admin), "--address", address)
         assert scheduler.returncode == 0, scheduler.stderr
         yield address

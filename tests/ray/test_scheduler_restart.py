@@ -18,20 +18,9 @@ from ray.util import placement_group_table
 from actors.cluster import JobSpec, start_scheduler, stop_scheduler
 from rlsched.admin import admission_params, load_admin
 from rlsched.policy.placement import Gang
+from tests.helpers import ONE_NODE_ADMIN
 
 pytestmark = pytest.mark.ray
-
-ADMIN = """
-device_types: []
-nodes:
-  - {name: head, resources: {CPU: 8}}
-priority_classes:
-  low: {value: 10, preemptible: true, grace_s: 10, min_run_s: 0}
-queues:
-  research:
-    nominal: {CPU: 8}
-    default_priority: low
-"""
 
 
 def _live_groups() -> set[str]:
@@ -48,7 +37,7 @@ def _wait(check: Any, what: str, timeout_s: float = 60.0) -> Any:
 
 def test_a_killed_scheduler_restarts_with_the_same_admissions(ray_session: None, tmp_path: Path) -> None:
     admin = tmp_path / "one.yaml"
-    admin.write_text(ADMIN)
+    admin.write_text(ONE_NODE_ADMIN)
     params = admission_params(load_admin(admin))
     handle = start_scheduler(params, 0.2, {"research": "low"}, state=str(tmp_path / "scheduler.sqlite"))
     try:
