@@ -85,7 +85,8 @@ def main() -> None:
     ]  # fmt: skip
     columns = ["job", "iters", "iter p50 s", "commit p50 ms", "commit/iter", "ckpts", "save p50 s", "ckpt MB",
                "upload p50 s", "durable through"]  # fmt: skip
-    table("durability: commit and checkpoint costs (goal: commit under 2% of an iteration)", columns, rows)
+    title = "durability: commit and checkpoint costs (goal: commit under 2% of an iteration)"
+    table(title, columns, rows, width=150)
     write(
         args.json,
         {

@@ -102,7 +102,7 @@ def main() -> None:
             ]
         )
     columns = ["fault", "trials", "recovered", "with problems", "recovery p50 s", "recovery max s"]
-    table(f"chaos soak: {len(trials)} trials, seed {args.seed}", columns, rows)
+    table(f"chaos soak: {len(trials)} trials, seed {args.seed}", columns, rows, width=150)
     write(
         args.json,
         {
