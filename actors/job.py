@@ -99,7 +99,9 @@ def connect(cfg: JobConfig, address: str | None) -> bool:
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise UserError(
                 f"cannot connect to the Ray cluster at {address!r}: {err}. Check the address "
-                "(host:port of the head node's GCS, or 'auto') and that the cluster is up"
+                "(host:port of the head node's GCS, or 'auto') and that the cluster is up; a cluster "
+                "from `ray start` (Ray 2.60) takes only clients that send its token: export "
+                "RAY_AUTH_MODE=token"
             ) from None
         return False
     ray.init(

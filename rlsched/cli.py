@@ -363,10 +363,6 @@ def _add_model_import(model_sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "address", None):  # joining a cluster: Ray reads its auth mode when imported
-        from actors.auth import use_cluster_token
-
-        use_cluster_token()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -37,7 +37,8 @@ def _on_cluster(address: str) -> Iterator[str | None]:
     except (ConnectionError, RuntimeError) as err:
         raise UserError(
             f"no Ray cluster at {address!r} ({err}); start one (`ray start --head`) or pass --address "
-            "host:port of its head node"
+            "host:port of its head node. A cluster from `ray start` (Ray 2.60) takes only clients that "
+            "send its token: export RAY_AUTH_MODE=token"
         ) from None
     try:
         yield context.dashboard_url or None
@@ -88,8 +89,8 @@ EXCLUDES = [".git", ".venv*", "runs", "bench_results", "models", "*.egg-info", "
 
 
 def jobs_client(dashboard: str | None) -> Any:
-    """Ray's job submission client for the cluster's dashboard. Ray 2.60 clusters use token
-    authentication by default: with a token on this machine, the client sends it."""
+    """Ray's job submission client for the cluster's dashboard (with RAY_AUTH_MODE=token, a cluster
+    from `ray start` takes its token)."""
     from ray.job_submission import JobSubmissionClient
 
     if dashboard is None:
@@ -117,11 +118,34 @@ def _entrypoint(args: argparse.Namespace, out_dir: Path) -> str:
     return shlex.join(command)
 
 
+def _submit(client: Any, args: argparse.Namespace, out_dir: Path, name: str, wait_s: float = 120.0) -> str:
+    """Hand the job to Ray's job API; a head whose job agent is still starting ("No available agent")
+    is asked again for up to `wait_s`. Any other refusal is bad input, said in one paragraph."""
+    import time
+    import uuid
+
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            return str(
+                client.submit_job(
+                    entrypoint=_entrypoint(args, out_dir),
+                    submission_id=f"rlsched-{name}-{uuid.uuid4().hex[:6]}",
+                    runtime_env={"working_dir": str(args.working_dir), "excludes": EXCLUDES},
+                    metadata={"rlsched_job": name, "out": str(out_dir)},
+                )
+            )
+        except RuntimeError as err:  # the job SDK's refusals: an HTTP status and Ray's reason
+            if "No available agent" in str(err) and time.monotonic() < give_up:
+                time.sleep(2.0)
+                continue
+            raise UserError(f"Ray's job API refused the job: {err}") from None
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit `rlsched run --queue Q` through Ray's job API (the working directory uploaded as its
     `runtime_env`); return once the cluster scheduler has registered it."""
     import time
-    import uuid
 
     import ray
 
@@ -133,12 +157,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     with _on_cluster(args.address) as dashboard:
         handle = _scheduler()
         client = jobs_client(dashboard)
-        submission = client.submit_job(
-            entrypoint=_entrypoint(args, out_dir),
-            submission_id=f"rlsched-{name}-{uuid.uuid4().hex[:6]}",
-            runtime_env={"working_dir": str(args.working_dir), "excludes": EXCLUDES},
-            metadata={"rlsched_job": name, "out": str(out_dir)},
-        )
+        submission = _submit(client, args, out_dir, name)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             view = ray.get(handle.poll.remote(name))

@@ -15,9 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ONE_NODE_ADMIN, rlsched, wait_for
+from tests.helpers import ONE_NODE_ADMIN, ROOT, wait_for
 
 pytestmark = pytest.mark.ray
+
+
+TOKEN = os.environ | {"RAY_AUTH_MODE": "token"}  # `ray start` clusters take only clients with the token
+
+
+def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180,
+        env=TOKEN,
+    )  # fmt: skip
 
 
 def _free_port() -> int:
@@ -30,7 +40,10 @@ def _free_port() -> int:
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A one-node cluster from `ray start --head` with the dashboard, its python the one we test with."""
     ray = str(Path(sys.executable).parent / "ray")
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = os.environ | {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "RAY_AUTH_MODE": "token",
+    }
     port, dashboard = _free_port(), _free_port()
     start = [ray, "start", "--head", f"--port={port}", "--num-cpus=8", "--include-dashboard=true",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
