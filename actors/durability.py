@@ -31,7 +31,14 @@ from actors.controller import JobController, Start
 from rlsched.config import JobConfig
 from rlsched.errors import TrainingFault, UserError
 from rlsched.model.checkpoint import architecture_fingerprint
-from rlsched.policy.durability import Upload, checkpoint_due, durable_checkpoint, prunable, resume_point
+from rlsched.policy.durability import (
+    ResumePoint,
+    Upload,
+    checkpoint_due,
+    durable_checkpoint,
+    prunable,
+    resume_point,
+)
 from rlsched.store import checkpoints as ckpt
 from rlsched.store.commit_log import (
     LOG_NAME,
@@ -95,6 +102,19 @@ def _verified(row: CheckpointRow) -> Path | None:
     return None
 
 
+def restart_from(commits: CommitLog, entries: list[IterationEntry]) -> tuple[ResumePoint, Start, float]:
+    """Where a run starts again (a resume, or a rebuilt training group): after the newest checkpoint
+    that verifies and is not ahead of the log; the controller's start and the training seconds then."""
+    usable = {
+        r.iteration: p for r in commits.checkpoints() if r.iteration <= len(entries) and (p := _verified(r))
+    }
+    point = resume_point([e.iteration for e in entries], durable_checkpoint(usable, None))
+    if point.checkpoint is None:
+        return point, Start(), 0.0
+    entry = entries[point.checkpoint - 1]
+    return point, Start(entry.iteration, entry.version, entry.cursor, usable[point.checkpoint]), entry.train_s
+
+
 def plan_resume(cfg: JobConfig, run_dir: Path, log: Callable[[str], None]) -> ResumePlan:
     """Read the run's commit log and checkpoints, refuse what cannot be resumed (naming why), and say
     where the job starts. Nothing is changed on disk."""
@@ -109,20 +129,15 @@ def plan_resume(cfg: JobConfig, run_dir: Path, log: Callable[[str], None]) -> Re
                 f"({cfg.model.checkpoint or 'the shipped base'}) is {here}. Resume with the model the run "
                 "started from"
             )
-        usable = {r.iteration: p for r in commits.checkpoints() if (p := _verified(r)) is not None}
-        usable = {i: p for i, p in usable.items() if i <= len(entries)}  # never ahead of the log
-        point = resume_point([e.iteration for e in entries], durable_checkpoint(usable, None))
+        point, start, train_s = restart_from(commits, entries)
         before = commits.get("before")
     finally:
         commits.close()
+    source = f"the checkpoint of iteration {point.checkpoint}"
     if point.checkpoint is None:
         if entries:
             log(f"no checkpoint of {run_dir} verifies: its {len(entries)} committed iteration(s) run again")
-        start, train_s, source = Start(), 0.0, "the start (no checkpoint)"
-    else:
-        entry = entries[point.checkpoint - 1]
-        start = Start(entry.iteration, entry.version, entry.cursor, usable[point.checkpoint])
-        train_s, source = entry.train_s, f"the checkpoint of iteration {point.checkpoint}"
+        source = "the start (no checkpoint)"
     rows = [e.metrics for e in entries[: point.iteration]]
     return ResumePlan(
         start, train_s, rows, list(point.redone), json.loads(before) if before else None, source
@@ -293,15 +308,7 @@ class JobLog:
         if self.recoveries > self.cfg.checkpoint.max_recoveries:
             raise fault
         started = time.monotonic()
-        entries = self.commits.entries()
-        rows = {r.iteration: r for r in self.commits.checkpoints()}
-        usable = {i: p for i, r in rows.items() if i <= len(entries) and (p := _verified(r)) is not None}
-        point = resume_point([e.iteration for e in entries], durable_checkpoint(usable, None))
-        if point.checkpoint is None:
-            start = Start()
-        else:
-            entry = entries[point.checkpoint - 1]
-            start = Start(entry.iteration, entry.version, entry.cursor, usable[point.checkpoint])
+        point, start, _ = restart_from(self.commits, self.commits.entries())
         self.commits.redo_after(point.iteration)
         self.latest = point.checkpoint
         version = controller.restart_training(start)
