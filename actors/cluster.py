@@ -160,6 +160,13 @@ class Scheduler:
         with self.lock:
             self._feed(cx.JobFinished(time.time(), JobId(name), preempted))
 
+    def failed(self, name: str, reason: str, attempt: int = 0) -> dict[str, Any]:
+        """The job's driver failed; what the scheduler made of it (the job's `poll` view: requeued
+        and pending, parked, failed ...)."""
+        with self.lock:
+            self._feed(cx.JobFailed(time.time(), JobId(name), reason, attempt))
+            return self.core.poll(name, time.time())
+
     def cancel(self, name: str) -> str:
         with self.lock:
             return _refusal(self._feed(cx.CancelRequested(time.time(), JobId(name))))
@@ -271,6 +278,9 @@ class SchedulerActor:
 
     def finished(self, name: str, preempted: bool = False) -> None:
         self.s.finished(name, preempted)
+
+    def failed(self, name: str, reason: str, attempt: int = 0) -> dict[str, Any]:
+        return self.s.failed(name, reason, attempt)
 
     def cancel(self, name: str) -> str:
         return self.s.cancel(name)
@@ -387,7 +397,8 @@ class ClusterClient:
                 raise JobStopped(f"the scheduler ended this job while it waited ({view['state']})", False)
             if view["reason"] != said:
                 said = view["reason"]
-                log(f"pending in queue {self.spec.queue} ({self.spec.priority}): {said}")
+                priority = f" ({self.spec.priority})" if self.spec.priority else ""
+                log(f"pending in queue {self.spec.queue}{priority}: {said}")
             time.sleep(poll_s)
 
     def poll(self) -> dict[str, Any]:
@@ -400,3 +411,8 @@ class ClusterClient:
     def finished(self, preempted: bool = False) -> None:
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get(self.handle.finished.remote(self.spec.name, preempted), timeout=30)
+
+    def failed(self, reason: str) -> None:
+        """This attempt failed: the scheduler ends the job, or requeues it when it is supervised."""
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(self.handle.failed.remote(self.spec.name, reason, self.spec.attempt), timeout=30)

@@ -17,7 +17,7 @@ import socket
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +186,16 @@ Tick = Callable[[int, str], None]  # (iteration just committed, its one-line sum
 
 
 def register(
-    cfg: JobConfig, name: str, queue: str | None, priority: str | None, log: Callable[[str], None]
+    cfg: JobConfig,
+    name: str,
+    queue: str | None,
+    priority: str | None,
+    log: Callable[[str], None],
+    attempt: int | None = None,
 ) -> ClusterClient | None:
-    """With a cluster scheduler on this cluster, the job's registration (None: it runs alone)."""
+    """With a cluster scheduler on this cluster, the job's registration (None: it runs alone).
+    `attempt`: the supervisor's attempt number (`rlsched.supervise`); the scheduler then requeues
+    the job after a preemption or a failure instead of ending it."""
     handle = find_scheduler()
     if handle is None:
         if queue or priority:
@@ -201,12 +208,16 @@ def register(
         raise UserError(
             "this cluster has a scheduler (`rlsched queue` shows it): name the job's queue with --queue"
         )
-    client = ClusterClient(handle, job_spec(cfg, name, queue, priority or ""))
+    spec = job_spec(cfg, name, queue, priority or "")
+    if attempt is not None:
+        spec = replace(spec, requeue=True, attempt=attempt)
+    client = ClusterClient(handle, spec)
     try:
         client.register()
     except ValueError as err:
         raise UserError(str(err)) from None
-    log(f"registered with the cluster scheduler as {name} (queue {queue}); waiting for admission")
+    again = f", attempt {attempt + 1}" if attempt else ""
+    log(f"registered with the cluster scheduler as {name} (queue {queue}{again}); waiting for admission")
     return client
 
 
@@ -219,6 +230,7 @@ def run_job(
     queue: str | None = None,
     priority: str | None = None,
     resume: bool = False,
+    attempt: int | None = None,
 ) -> JobReport:
     note = preflight(cfg, out_dir, address)
     if note is not None:
@@ -232,10 +244,10 @@ def run_job(
     started = connect(cfg, address)
     controller: JobController | None = None
     client: ClusterClient | None = None
-    preempted = False
+    preempted, failure = False, ""
     ctrl_c.__enter__()
     try:
-        client = register(cfg, out_dir.name, queue, priority, log)
+        client = register(cfg, out_dir.name, queue, priority, log, attempt)
         groups = client.wait_admitted(log) if client is not None else []
         if client is None:
             check_capacity(cfg)
@@ -255,11 +267,18 @@ def run_job(
     except JobStopped as stop:
         preempted = stop.preempted
         raise
+    except (Terminated, UserError):
+        raise  # stopped from outside, or bad input: the job ends as it is
+    except Exception as err:
+        failure = f"{type(err).__name__}: {err}"[:500]
+        raise
     finally:
         ctrl_c.__exit__(None, None, None)
         if controller is not None:
             controller.shutdown()
-        if client is not None:
+        if client is not None and failure:
+            client.failed(failure)
+        elif client is not None:
             client.finished(preempted)
         if started:
             ray.shutdown()

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from rlsched.config_load import Section, load_tree
-from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams
+from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams, RequeueParams
 
 
 class PriorityClass(Section):
@@ -74,6 +74,18 @@ class PreemptionRules(Section):
     never_below_nominal: bool = Field(True, description="no job is preempted to below its queue's nominal")
 
 
+class RequeueRules(Section):
+    """How supervised jobs (`rlsched submit`, `rlsched run --requeue`) come back, as Kueue's requeuing
+    strategy: a preempted job is requeued at once; a failed one after a backoff; too many failures
+    park it."""
+
+    backoff_base_s: float = Field(30.0, ge=0, description="wait after the first failure; doubles with each")
+    backoff_max_s: float = Field(1800.0, ge=0, description="the longest wait between attempts")
+    limit: int | None = Field(
+        5, ge=0, description="failures requeued; the next one parks the job (null: never parked)"
+    )
+
+
 class FairnessPolicy(StrEnum):
     DRF = "drf"  # weighted dominant resource fairness
     FIFO = "fifo"  # priority, then arrival
@@ -113,6 +125,7 @@ class AdminConfig(Section):
     cohorts: dict[str, Cohort] = Field(default_factory=dict)
     queues: dict[str, Queue] = Field(min_length=1)
     preemption: PreemptionRules = PreemptionRules()
+    requeue: RequeueRules = RequeueRules()
     fairness: Fairness = Fairness()
     reserve: Reserve | None = None
 
@@ -247,6 +260,7 @@ def admission_params(cfg: AdminConfig) -> AdmissionParams:
         reserve=dict(cfg.reserve.resources) if cfg.reserve else None,
         reserve_classes=frozenset(cfg.reserve.classes) if cfg.reserve else frozenset(),
         usage_half_life_s=cfg.fairness.usage_half_life_s,
+        requeue=RequeueParams(cfg.requeue.backoff_base_s, cfg.requeue.backoff_max_s, cfg.requeue.limit),
     )
 
 
@@ -293,6 +307,13 @@ def describe(cfg: AdminConfig) -> list[str]:
     if p.never_below_nominal:
         rules.append("nobody is preempted below their queue's guarantee")
     lines.append("Preemption: " + ("; ".join(rules) if rules else "off") + ".")
+    r = cfg.requeue
+    parked = f"parked after {r.limit} failures requeued" if r.limit is not None else "never parked"
+    lines.append(
+        f"Requeue (supervised jobs): preempted, back in the queue at once; failed, after "
+        f"{r.backoff_base_s:g} s, doubling to at most {r.backoff_max_s:g} s; {parked}. Each resumes "
+        "from its newest checkpoint."
+    )
     lines.append(
         "Victims: elastic rollout instances and deferrable verification first, then the lowest priority, "
         "the least work lost since the last save; never one within its minimum run time."

@@ -5,7 +5,9 @@ A trial starts `rlsched run` as a user would, waits until a given iteration is c
 little more (so the fault lands inside the next iteration), and kills its target with SIGKILL: a
 process found by the title Ray gives its workers (`ray::TrainerRank`, ...), or the driver itself.
 The job must then recover by itself (a new training group from the last checkpoint, a replacement
-instance, a replacement verifier worker) or, for the driver, through `rlsched run --resume`. After
+instance, a replacement verifier worker, a cluster scheduler restarted by Ray with its state) or, for
+the driver, through `rlsched run --resume` (under a supervisor, `rlsched run --requeue`, by itself:
+`tests/e2e/test_requeue_ray.py`). After
 the run ends, `check_run` reads its commit log and report:
 
 - every iteration 1..N committed once, each with all of its requests, every request id once (no
@@ -54,6 +56,10 @@ class Fault(StrEnum):
     TRAINER_NODE = "trainer_node"  # every rank, the weight service's host among them
     ROLLOUT_INSTANCE = "rollout_instance"
     VERIFIER_WORKER = "verifier_worker"
+    SCHEDULER = "scheduler"  # the cluster scheduler's actor: for a job under it (--queue, on a cluster)
+
+
+CLUSTER_FAULTS = frozenset({Fault.SCHEDULER})  # need a Ray cluster with the scheduler, not a lone job
 
 
 TITLES = {
@@ -61,6 +67,7 @@ TITLES = {
     Fault.TRAINER_NODE: "ray::TrainerRank",
     Fault.ROLLOUT_INSTANCE: "ray::Instance",
     Fault.VERIFIER_WORKER: "ray::VerifierWorker",
+    Fault.SCHEDULER: "ray::SchedulerActor",
 }
 
 

@@ -108,6 +108,13 @@ def _add_run(sub: Any) -> None:
     )
     run.add_argument("--queue", help="the cluster scheduler's queue to run in (see `rlsched admin start`)")
     run.add_argument("--priority", help="its priority class (default: the queue's default)")
+    run.add_argument(
+        "--requeue",
+        action="store_true",
+        help="with --queue: after a preemption or a failure, come back from the newest checkpoint as the "
+        "scheduler's requeue rules say (rlsched submit does this)",
+    )
+    run.add_argument("--attempt", type=int, help=argparse.SUPPRESS)  # set by the --requeue supervisor
     run.set_defaults(func=cmd_run)
 
 
@@ -128,6 +135,12 @@ def _add_cluster_commands(sub: Any) -> None:
     )
     subm.add_argument(
         "--resume", action="store_true", help="continue the run in --out (rlsched run --resume)"
+    )
+    subm.add_argument(
+        "--no-requeue",
+        dest="requeue",
+        action="store_false",
+        help="end the job when it is preempted or fails (default: requeued, resumed from its checkpoint)",
     )
     _address(subm)
     subm.set_defaults(func=cmd_submit)

@@ -112,6 +112,7 @@ def _entrypoint(args: argparse.Namespace, out_dir: Path) -> str:
 
     command = ["python", "-m", "rlsched.cli", "run", str(args.config), "--address", "auto"]
     command += ["--out", str(out_dir), "--queue", args.queue]
+    command += ["--requeue"] if args.requeue else []
     command += ["--priority", args.priority] if args.priority else []
     command += [x for kv in args.set for x in ("--set", kv)]
     command += ["--resume"] if args.resume else []
@@ -242,9 +243,17 @@ def print_status(status: dict[str, Any]) -> None:
         why = f": {j['reason']}" if j["reason"] else ""
         ray_job = status.get("ray_jobs", {}).get(name)
         submitted = f" (Ray job {ray_job['submission_id']}: {ray_job['status']})" if ray_job else ""
+        again = _requeue_words(j.get("requeues", 0), j.get("failures", 0))
         console.print(
-            f"  job {name} [{j['state']}]{submitted} queue {j['queue']} {j['priority']}{where}{parts}{why}"
+            f"  job {name} [{j['state']}]{submitted} queue {j['queue']} {j['priority']}{where}{parts}{again}"
+            f"{why}"
         )
+
+
+def _requeue_words(requeues: int, failures: int) -> str:
+    if not requeues and not failures:
+        return ""
+    return f"; requeued {requeues}x ({failures} failure{'s' if failures != 1 else ''})"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

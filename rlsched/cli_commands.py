@@ -49,6 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "keeps neither. Drop --local to run (and resume) on Ray"
             )
         return _run_local(args, cfg, out_dir)
+    if args.requeue:
+        return _supervise(args, out_dir)
     from actors.job import run_job
 
     where = (
@@ -76,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 queue=args.queue,
                 priority=args.priority,
                 resume=bool(args.resume),
+                attempt=args.attempt,
             )
     except (JobStopped, Terminated) as stop:
         err_console.print(
@@ -90,6 +93,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         "commit.sqlite and checkpoints/ (rlsched run --resume continues from them)"
     )
     return 0
+
+
+def _supervise(args: argparse.Namespace, out_dir: Path) -> int:
+    """`rlsched run --requeue`: the job's attempts in child processes, as the scheduler requeues it."""
+    from actors.supervise import Supervisor
+
+    if not args.queue:
+        raise UserError(
+            "--requeue needs --queue: the cluster scheduler decides when a job comes back (start one with "
+            "`rlsched admin start FILE`)"
+        )
+    argv = ["run", str(args.config), "--out", str(out_dir), "--queue", args.queue]
+    argv += ["--address", args.address or "auto"]
+    argv += ["--priority", args.priority] if args.priority else []
+    argv += [x for kv in args.set for x in ("--set", kv)]
+    argv += ["--resume"] if args.resume else []
+    console.print(
+        f"supervising {out_dir.name}: after a preemption or a failure the cluster scheduler requeues it, "
+        "and the next attempt resumes from its newest checkpoint",
+        markup=False,
+    )
+    return Supervisor(argv, out_dir, out_dir.name, args.address or "auto", plain).run()
 
 
 def _run_dir(args: argparse.Namespace, default: Path) -> Path:

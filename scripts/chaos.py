@@ -31,7 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _bench import parser, table, write
 
-from rlsched.chaos import GROUP, PROMPTS, SETS, STEPS, Fault, check_run, command, curve, pick, run_trial
+from rlsched.chaos import (
+    CLUSTER_FAULTS,
+    GROUP,
+    PROMPTS,
+    SETS,
+    STEPS,
+    Fault,
+    check_run,
+    command,
+    curve,
+    pick,
+    run_trial,
+)
 
 
 def _reference(root: Path, sets: list[str]) -> list[tuple[Any, ...]]:
@@ -52,7 +64,14 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=0, help="at most this many trials (0: until the budget)")
     ap.add_argument("--faults", default="all", help="comma-separated fault kinds (default: all)")
     args = ap.parse_args()
-    faults = list(Fault) if args.faults == "all" else [Fault(f) for f in args.faults.split(",")]
+    lone = [
+        f for f in Fault if f not in CLUSTER_FAULTS
+    ]  # the scheduler's kind: tests/e2e/test_requeue_ray.py
+    faults = lone if args.faults == "all" else [Fault(f) for f in args.faults.split(",")]
+    if set(faults) & CLUSTER_FAULTS:
+        sys.exit(
+            "the scheduler's fault needs a cluster under the scheduler; tests/e2e/test_requeue_ray.py runs it"
+        )
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="rlsched-chaos-"))
     started = time.monotonic()

@@ -10,8 +10,13 @@ drive this class. Events in, stamped with the driver's clock; effects out, carri
   leaves), then `rlsched.policy.admission.admit` over the nodes the driver saw. `Admit` starts a job
   (`CreatePlacementGroup` per gang and per elastic part granted, `JobStarted`); `Evict` orders a job
   (or only its elastic parts) out by a deadline, `Grow` gives parts back, `Wait` is the reason shown.
-- A driver reports `PartReleased`, `JobFinished` and `PlacementFailed`; `DriversAlive` ends the
-  running jobs whose driver has been gone for a while.
+- A driver reports `PartReleased`, `JobFinished`, `JobFailed` and `PlacementFailed`; `DriversAlive`
+  ends the running jobs whose driver has been gone for a while.
+- A supervised job (`JobSpec.requeue`: `rlsched submit`, `rlsched run --requeue`) is requeued rather
+  than ended (Kueue's requeuing): preempted, it waits again at once; failed, it waits out a backoff
+  (`rlsched.policy.durability.requeue_delay`) and, after too many failures, is parked with the
+  reason. Its supervisor's next attempt registers again and takes the entry back; each attempt's
+  failure counts once, whoever reports it.
 - Usage per queue decays with `usage_half_life_s`, integrated at every event.
 
 `next_wakeup` is when a cycle may decide differently without any event: a grace period ends, and,
@@ -22,7 +27,7 @@ The job lifecycle is `JobState` (`rlsched.policy.lifecycle`); every move is chec
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NewType
 
 from rlsched.core.trace import Trace
@@ -38,6 +43,7 @@ from rlsched.policy.cluster_model import (
     Wait,
     usage_by_queue,
 )
+from rlsched.policy.durability import requeue_delay
 from rlsched.policy.lifecycle import JOB_TRANSITIONS, JobState, job_transition
 from rlsched.policy.placement import Gang, Node, Resources, minus
 
@@ -56,6 +62,8 @@ class JobSpec:
     priority: str
     gangs: tuple[Gang, ...]
     elastic: tuple[Resources, ...] = ()
+    requeue: bool = False  # a supervisor brings the driver back: requeue it rather than end it
+    attempt: int = 0  # the supervisor's attempt number (a failure report names the attempt it ends)
 
 
 # -- events ----------------------------------------------------------------------------------------
@@ -92,6 +100,18 @@ class JobFinished:
 
 
 @dataclass(frozen=True)
+class JobFailed:
+    """The job's driver failed (`reason`): reported by the driver itself, or by its supervisor after
+    the process exited. `attempt` is the supervisor's attempt that failed; a report for an attempt
+    already over (requeued, or its failure counted) changes nothing."""
+
+    at: float
+    job: JobId
+    reason: str
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
 class CancelRequested:
     at: float
     job: JobId
@@ -118,7 +138,16 @@ class DriversAlive:
     after_s: float = 60.0
 
 
-Event = JobSubmitted | Tick | PartReleased | JobFinished | CancelRequested | PlacementFailed | DriversAlive
+Event = (
+    JobSubmitted
+    | Tick
+    | PartReleased
+    | JobFinished
+    | JobFailed
+    | CancelRequested
+    | PlacementFailed
+    | DriversAlive
+)
 
 # -- effects ---------------------------------------------------------------------------------------
 
@@ -150,6 +179,16 @@ class JobEnded:
 
 
 @dataclass(frozen=True)
+class JobRequeued:
+    """A supervised job stopped running (preempted, or failed) and waits again; its driver's
+    supervisor brings it back (`not_before`: not admitted before then)."""
+
+    job: JobId
+    reason: str
+    not_before: float | None = None
+
+
+@dataclass(frozen=True)
 class Refused:
     """A request the scheduler will not take: `reason` names the problem and the fix."""
 
@@ -157,7 +196,7 @@ class Refused:
     reason: str
 
 
-Effect = CreatePlacementGroup | RemovePlacementGroup | JobStarted | JobEnded | Refused
+Effect = CreatePlacementGroup | RemovePlacementGroup | JobStarted | JobEnded | JobRequeued | Refused
 
 # -- state -----------------------------------------------------------------------------------------
 
@@ -183,6 +222,11 @@ class _Job:
     stop_by: float | None = None  # asked to stop as a whole by then
     why_evicted: str = ""
     cancel: bool = False
+    failures: int = 0  # failures requeued (a supervised job)
+    requeues: int = 0  # times requeued, after preemptions and failures
+    not_before: float | None = None  # backing off after a failure: not admitted before then
+    attempt_over: int = -1  # the newest supervisor attempt already ended (requeued or failed)
+    requeued_why: str = ""  # why it was last requeued (its reason moves on with the admission cycles)
 
     def to(self, target: JobState) -> None:
         if target not in JOB_TRANSITIONS[self.state]:
@@ -198,6 +242,8 @@ class _Job:
 class ClusterCounts:
     preemptions: int = 0  # evictions ordered (a job's, or its elastic parts')
     grown: int = 0  # elastic parts granted again to running jobs
+    requeued: int = 0  # supervised jobs sent back to wait (preempted or failed)
+    parked: int = 0
 
 
 class ClusterCore:
@@ -218,6 +264,7 @@ class ClusterCore:
             Tick: self._cycle,
             PartReleased: self._part_released,
             JobFinished: self._finished,
+            JobFailed: self._failed,
             CancelRequested: self._cancel,
             PlacementFailed: self._placement_failed,
             DriversAlive: self._reap,
@@ -252,6 +299,7 @@ class ClusterCore:
             "stop_in": None if job.stop_by is None else max(0.0, job.stop_by - now),
             "why": job.why_evicted,
             "cancel": job.cancel,
+            "requeued": job.requeued_why,
         }
 
     def waiting(self, now: float) -> list[dict[str, Any]]:
@@ -282,6 +330,8 @@ class ClusterCore:
                     "nodes": sorted({node for _, bundles in j.gangs for node, _ in bundles}),
                     "elastic": {p: part.node for p, part in j.parts.items()},
                     "reason": j.reason if j.state is not JobState.RUNNING else "",
+                    "failures": j.failures,
+                    "requeues": j.requeues,
                 }
                 for n, j in self.jobs.items()
             },
@@ -330,6 +380,7 @@ class ClusterCore:
                 for j in pending
                 if (bound := classes[j.spec.priority].max_wait_s) is not None
             ]
+        times += [j.not_before for j in pending if j.not_before is not None]
         later = [t for t in times if t > now + 1e-9] + graces
         return max(now, min(later)) if later else None
 
@@ -344,12 +395,16 @@ class ClusterCore:
 
     def _submit(self, event: JobSubmitted) -> None:
         spec, name = event.spec, JobId(event.spec.name)
+        old = self.jobs.get(name)
+        if old is not None and old.live and old.spec.requeue and spec.requeue:
+            old.spec = replace(old.spec, attempt=spec.attempt)  # its supervisor's next attempt
+            return
         reason = self._refusal(spec)
         if reason:
             self._out.append(Refused(name, reason))
             return
         if not spec.priority:
-            spec = JobSpec(spec.name, spec.queue, self.defaults[spec.queue], spec.gangs, spec.elastic)
+            spec = replace(spec, priority=self.defaults[spec.queue])
         self.jobs[name] = _Job(spec, event.at)
 
     def _refusal(self, spec: JobSpec) -> str:
@@ -375,11 +430,62 @@ class ClusterCore:
         job = self.jobs.get(event.job)
         if job is None or not job.live:
             return  # a late answer (it was ended already) changes nothing
+        if event.preempted and job.spec.requeue and not job.cancel and job.state is JobState.RUNNING:
+            self._requeue(job, event.at, f"preempted ({job.why_evicted or 'told to stop'})")
+            return
         self._release_all(job)
         if job.state is JobState.PENDING or job.cancel:
             self._end(job, JobState.CANCELLED)
         else:
             self._end(job, JobState.PREEMPTED if event.preempted else JobState.DONE)
+
+    def _failed(self, event: JobFailed) -> None:
+        job = self.jobs.get(event.job)
+        if job is None or not job.live or event.attempt <= job.attempt_over:
+            return  # ended already, or this attempt's end was counted
+        if job.cancel:
+            self._release_all(job)
+            self._end(job, JobState.CANCELLED)
+        elif job.spec.requeue:
+            self._fail_supervised(job, event.at, event.reason)
+        else:
+            self._release_all(job)
+            self._end(job, JobState.FAILED)
+            job.reason = f"failed: {event.reason}"
+
+    def _fail_supervised(self, job: _Job, at: float, reason: str) -> None:
+        """A supervised job's attempt failed: wait out a backoff and come back, or, after too many
+        failures, park it with the reason."""
+        job.failures += 1
+        q = self.params.requeue
+        delay = requeue_delay(job.failures, q.base_s, q.max_s, q.limit)
+        if delay is None:
+            self._release_all(job)
+            job.attempt_over = job.spec.attempt
+            self._end(job, JobState.PARKED)
+            self.counts.parked += 1
+            job.reason = (
+                f"parked after {job.failures} failures (the last: {reason}); fix the cause, then "
+                "submit it again with --resume"
+            )
+            return
+        of = f" of {q.limit}" if q.limit is not None else ""
+        self._requeue(
+            job, at, f"failed ({reason}); retry {job.failures}{of} after a {delay:g} s backoff", at + delay
+        )
+
+    def _requeue(self, job: _Job, at: float, why: str, not_before: float | None = None) -> None:
+        """Back to wait, from its last checkpoint: its groups go, its place in the queue is now."""
+        self._release_all(job)
+        if job.state is JobState.RUNNING:
+            job.to(JobState.PENDING)
+        job.started, job.stop_by, job.why_evicted, job.not_before = None, None, "", not_before
+        job.submitted = at  # Kueue's default: a requeued job queues from its eviction
+        job.requeues += 1
+        job.attempt_over = job.spec.attempt
+        job.reason = job.requeued_why = f"{why}; requeued, resumes from its last checkpoint when admitted"
+        self.counts.requeued += 1
+        self._out.append(JobRequeued(JobId(job.spec.name), job.reason, not_before))
 
     def _cancel(self, event: CancelRequested) -> None:
         job = self.jobs.get(event.job)
@@ -416,6 +522,9 @@ class ClusterCore:
                 and name not in event.alive
                 and event.at - started > event.after_s
             ):
+                if job.spec.requeue:
+                    self._fail_supervised(job, event.at, "its driver is gone")
+                    continue
                 self._release_all(job)
                 self._end(job, JobState.PREEMPTED)
                 job.reason = "its driver is gone; its placement groups were removed"
@@ -433,7 +542,7 @@ class ClusterCore:
             tuple(
                 PendingJob(n, j.spec.queue, j.spec.priority, j.submitted, j.spec.gangs, j.spec.elastic)
                 for n, j in self.jobs.items()
-                if j.state is JobState.PENDING
+                if j.state is JobState.PENDING and (j.not_before is None or j.not_before <= now)
             ),
             {
                 n: j.stop_by is None
@@ -513,6 +622,9 @@ class ClusterCore:
                 if part.release_by is not None and now >= part.release_by:
                     self._drop_part(job, p)
             if job.state is JobState.RUNNING and job.stop_by is not None and now >= job.stop_by:
+                if job.spec.requeue and not job.cancel:
+                    self._requeue(job, now, f"preempted ({job.why_evicted}; its grace period ended)")
+                    continue
                 self._release_all(job)
                 self._end(job, JobState.PREEMPTED)
 

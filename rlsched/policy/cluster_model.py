@@ -35,6 +35,17 @@ class QueueParams:
 
 
 @dataclass(frozen=True)
+class RequeueParams:
+    """How a supervised job comes back (Kueue's requeuing strategy): after a preemption at once; after
+    a failure with exponential backoff, `base_s` doubling up to `max_s`; after `limit` failures
+    requeued, the next one parks it (None: never parked)."""
+
+    base_s: float = 30.0
+    max_s: float = 1800.0
+    limit: int | None = 5
+
+
+@dataclass(frozen=True)
 class AdmissionParams:
     classes: Mapping[str, ClassParams]
     queues: Mapping[str, QueueParams]
@@ -47,6 +58,7 @@ class AdmissionParams:
     reserve_classes: frozenset[str] = frozenset()
     usage_half_life_s: float | None = None  # for whoever keeps ClusterSnapshot.history (not used by admit)
     device_types: frozenset[str] = frozenset()
+    requeue: RequeueParams = field(default_factory=RequeueParams)
 
 
 @dataclass(frozen=True)

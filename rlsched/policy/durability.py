@@ -1,6 +1,7 @@
 """Durability decisions, pure: the contiguous durable watermark of asynchronous uploads, the cost of
 committing every k requests, when a checkpoint is due, which checkpoints may be pruned, and where a
-resumed job starts (SPEC section 6; the seed's chapter 11.5.1).
+resumed job starts (SPEC section 6; the seed's chapter 11.5.1); and how long a supervised job that
+failed waits before it is admitted again, or whether it is parked (`requeue_delay`).
 
 The watermark is the highest round r such that every round up to r is durable. An upload that
 succeeds out of order does not move it: round 3 uploaded while round 2 failed leaves the job durable
@@ -109,3 +110,15 @@ def resume_point(committed: Iterable[int], durable: int | None) -> ResumePoint:
     state with the crash and are run again."""
     start = durable or 0
     return ResumePoint(start, durable, tuple(sorted(i for i in committed if i > start)))
+
+
+def requeue_delay(failures: int, base_s: float, max_s: float, limit: int | None) -> float | None:
+    """Seconds a job waits after its `failures`-th failure before it may be admitted again: `base_s`,
+    doubling with each failure, at most `max_s` (Kueue's requeuing backoff, without its jitter: the
+    scheduler is one process, there is no herd to spread). None: the job failed more than `limit`
+    times and is parked until someone looks at it."""
+    if failures < 1:
+        raise ValueError(f"failures counts from 1, got {failures}")
+    if limit is not None and failures > limit:
+        return None
+    return min(max_s, base_s * 2.0 ** (failures - 1))

@@ -166,8 +166,10 @@ class JobState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     DONE = "done"
-    PREEMPTED = "preempted"  # evicted as a whole, or its driver gone: it ends (requeueing is durability's)
+    PREEMPTED = "preempted"  # evicted as a whole, or its driver gone, and nobody brings it back
     CANCELLED = "cancelled"
+    FAILED = "failed"  # its driver failed and nobody brings it back
+    PARKED = "parked"  # it failed more times than the scheduler requeues (the reason says why)
 
 
 _J = JobState
@@ -176,6 +178,7 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
         {
             _J.RUNNING,  # admitted: its gangs placed all at once
             _J.CANCELLED,  # `rlsched cancel`, or its driver gave up waiting
+            _J.PARKED,  # its supervised driver failed once too often while it waited
         }
     ),
     _J.RUNNING: frozenset(
@@ -183,12 +186,16 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             _J.DONE,  # its driver finished
             _J.PREEMPTED,  # its grace period after an eviction ended, or its driver is gone
             _J.CANCELLED,  # cancelled while running: its driver stopped when told
-            _J.PENDING,  # a placement group could not be made after all: admitted again later
+            _J.PENDING,  # a placement group failed, or a supervised job was requeued (preempted, failed)
+            _J.FAILED,  # its driver failed, unsupervised
+            _J.PARKED,  # its supervised driver failed once too often
         }
     ),
     _J.DONE: frozenset(),
     _J.PREEMPTED: frozenset(),
     _J.CANCELLED: frozenset(),
+    _J.FAILED: frozenset(),
+    _J.PARKED: frozenset(),
 }
 
 

@@ -4,8 +4,9 @@ grace periods.
 
 An admitted job runs for its remaining work. An evicted one keeps running through its grace period,
 then ends PREEMPTED, as on the runtime: what it did since its last save (every `save_every_s`) is
-counted as saved, and the rest stays undone (requeueing an evicted job belongs to the durability
-work). An evicted elastic part just leaves (the job carries on without it) and comes back when there
+counted as saved, and the rest stays undone. A job with `requeue` (what `rlsched submit` does) is
+requeued by the core instead and comes back when admitted again, for the work left since its last
+save. An evicted elastic part just leaves (the job carries on without it) and comes back when there
 is room again (`Grow`). A cycle follows every event, and every wake-up the core asks for (a grace
 period ends, a running job's minimum run time ends, a waiting job reaches its maximum wait).
 Reported: the share of devices allocated over time, each class's queueing delay and completion
@@ -31,6 +32,7 @@ from rlsched.core.cluster import (
     JobEnded,
     JobFinished,
     JobId,
+    JobRequeued,
     JobSpec,
     JobStarted,
     JobSubmitted,
@@ -47,6 +49,7 @@ class TraceJob:
     job: PendingJob
     work_s: float  # run time when never interrupted
     save_every_s: float = 600.0
+    requeue: bool = False  # preempted, it waits again and resumes from its last save
 
 
 @dataclass
@@ -145,6 +148,8 @@ class ClusterSim:
                 self._started(effect.job)
             elif isinstance(effect, JobEnded):
                 self._ended(effect.job, effect.state)
+            elif isinstance(effect, JobRequeued):
+                self._ended(effect.job, JobState.PENDING)
 
     def _cycle(self) -> None:
         self._feed(Tick(self.sim.now, self._inventory))
@@ -160,8 +165,10 @@ class ClusterSim:
         self._cycle()
 
     def _arrive(self, name: str) -> None:
-        job = self.jobs[name].trace.job
-        self._feed(JobSubmitted(self.sim.now, JobSpec(name, job.queue, job.priority, job.gangs, job.elastic)))
+        trace = self.jobs[name].trace
+        job = trace.job
+        spec = JobSpec(name, job.queue, job.priority, job.gangs, job.elastic, requeue=trace.requeue)
+        self._feed(JobSubmitted(self.sim.now, spec))
         self._cycle()
 
     def _started(self, name: str) -> None:
@@ -181,8 +188,8 @@ class ClusterSim:
         self._cycle()
 
     def _ended(self, name: str, state: JobState) -> None:
-        """Done, or preempted: what it did since its last save (every `save_every_s`) is lost, and
-        the rest stays undone (the runtime ends an evicted job; requeueing is durability's)."""
+        """Done, or preempted (ended, or requeued: `state` PENDING): what it did since its last save
+        (every `save_every_s`) is lost; the rest stays undone, or is done once admitted again."""
         live = self.jobs[name]
         if state is JobState.DONE:
             self.run.completions.setdefault(live.trace.job.priority, []).append(self.sim.now - live.submitted)

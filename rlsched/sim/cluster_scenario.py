@@ -51,6 +51,9 @@ class StreamConfig(Section):
         gt=0,
         description="a job saves its work this often (what an eviction loses is since the last save)",
     )
+    requeue: bool = Field(
+        False, description="a preempted job waits again and resumes from its last save (rlsched submit's way)"
+    )
 
     @field_validator("devices")
     @classmethod
@@ -65,6 +68,7 @@ class VariantConfig(Section):
     fairness: FairnessPolicy | None = Field(None, description="unset: the admin file's")
     borrow_within_cohort: bool | None = Field(None, description="unset: the admin file's")
     streams: list[str] | None = Field(None, description="streams that take part (unset: all)")
+    requeue: bool | None = Field(None, description="evicted jobs requeue and resume (unset: each stream's)")
 
 
 class ClusterScenarioConfig(Section):
@@ -161,7 +165,9 @@ def _trace(cfg: ClusterScenarioConfig, streams: list[StreamConfig], seed: int) -
         for t in synthetic_trace([cls], cfg.hours, seed * 1000 + k):
             name = f"{s.name}/{t.job.name.rsplit('-', 1)[1]}"
             parts = tuple({s.device: 1.0, "CPU": s.cpus_per_device} for _ in range(s.elastic))
-            jobs.append(TraceJob(replace(t.job, name=name, elastic=parts), t.work_s, s.save_every_s))
+            jobs.append(
+                TraceJob(replace(t.job, name=name, elastic=parts), t.work_s, s.save_every_s, s.requeue)
+            )
     if cfg.trace is not None:
         jobs += load_trace_csv(cfg.trace, cfg.trace_device)
     return sorted(jobs, key=lambda j: j.job.submitted)
@@ -180,6 +186,8 @@ def run_cluster_scenario(cfg: ClusterScenarioConfig, seeds: int | None = None) -
         if v.borrow_within_cohort is not None:
             params = replace(params, borrow_within_cohort=v.borrow_within_cohort)
         streams = [s for s in cfg.streams if v.streams is None or s.name in v.streams]
+        if v.requeue is not None:
+            streams = [s.model_copy(update={"requeue": v.requeue}) for s in streams]
         per_seed, series = [], []
         for seed in range(seeds):
             run = ClusterSim(nodes, params, _trace(cfg, streams, seed), cfg.devices, cfg.bucket_s).simulate()

@@ -16,6 +16,14 @@ def test_status_keeps_bracketed_states_and_reasons() -> None:
         "jobs": {
             "shared": running | {"elastic": 1, "reason": ""},
             "eval[2]": pending | {"elastic": 0, "reason": "needs {A100: 1} [bold]"},
+            "flaky": pending
+            | {
+                "state": "parked",
+                "elastic": 0,
+                "reason": "parked after 6 failures (the last: exit status 1)",
+                "requeues": 5,
+                "failures": 6,
+            },
         },
     }
     with console.capture() as out:
@@ -23,4 +31,5 @@ def test_status_keeps_bracketed_states_and_reasons() -> None:
     text = out.get()
     assert "job shared [running] queue research low on h100-node; elastic 1" in text
     assert "job eval[2] [pending] queue research high: needs {A100: 1} [bold]" in text
+    assert "job flaky [parked] queue research high; requeued 5x (6 failures): parked after 6 failures" in text
     assert "node h100-node: free 0/2 CPU, 0/2 H100" in text

@@ -1,0 +1,166 @@
+"""Supervised jobs come back by themselves (`rlsched run --requeue`, what `rlsched submit` runs), on a
+real Ray cluster under the cluster scheduler:
+
+- the job's driver killed with SIGKILL mid-iteration: the supervisor reports it, the scheduler
+  requeues the job behind its backoff, and the next attempt resumes from the newest checkpoint;
+- the job preempted by a high-priority job: it checkpoints and stops, waits in the queue while the
+  other runs, and resumes when admitted again; it then finishes with every iteration committed
+  once, each with all of its requests (no sample lost or used twice);
+- the scheduler's actor killed mid-iteration (the chaos suite's scheduler fault): Ray restarts it
+  with its state, and the job under it finishes whole, never requeued;
+- a job whose driver keeps dying is parked after the admin file's `requeue.limit`, with the reason,
+  and its supervisor exits with status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlsched.chaos import GROUP, PROMPTS, SETS, STEPS, Fault, check_run, command, committed, run_trial
+from tests.helpers import ONE_NODE_ADMIN, ROOT, rlsched, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ADMIN = (
+    ONE_NODE_ADMIN.replace(
+        "priority_classes:\n", "priority_classes:\n  high: {value: 100, preemptible: false}\n"
+    )
+    + "requeue: {backoff_base_s: 1, backoff_max_s: 2, limit: 1}\n"
+)
+
+
+def _attempt(supervisor: subprocess.Popen[bytes], previous: int | None = None) -> int:
+    """The pid of the supervisor's running attempt (a new one, when `previous` is given)."""
+
+    def child() -> int | None:
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(supervisor.pid)], capture_output=True, text=True
+        )
+        pids = [int(p) for p in out.stdout.split()]
+        return next((p for p in pids if p != previous), None)
+
+    return int(wait_for(child, "the supervisor's attempt", 120))
+
+
+def _supervised(address: str, out: Path, log: Path, steps: int = STEPS) -> subprocess.Popen[bytes]:
+    run = command("configs/jobs/quickstart.yaml", [*SETS, f"grpo.steps={steps}"])
+    run += ["--out", str(out), "--address", address, "--queue", "research", "--requeue"]
+    return subprocess.Popen(run, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from actors.cluster import NAMESPACE, find_scheduler
+
+    root = tmp_path_factory.mktemp("requeue")
+    admin = root / "admin.yaml"
+    admin.write_text(ADMIN)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 8})
+    try:
+        ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
+        started = rlsched(
+            "admin", "start", str(admin), "--address", c.address, "--state", str(root / "s.sqlite")
+        )
+        assert started.returncode == 0, started.stderr
+        yield c.address, find_scheduler(), root
+        rlsched("admin", "stop", "--address", c.address)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def test_a_killed_then_preempted_job_comes_back_each_time_and_finishes_whole(cluster: Any) -> None:
+    import ray
+
+    from actors.cluster import JobSpec
+    from rlsched.policy.placement import Gang
+
+    address, scheduler, root = cluster
+    out, log = root / "rl", root / "rl.log"
+    supervisor = _supervised(address, out, log, steps=30)  # long enough to be preempted
+    try:
+        first = _attempt(supervisor)
+        wait_for(lambda: committed(out) >= 2, "iteration 2", 300)
+        time.sleep(0.3)  # into iteration 3
+        os.kill(first, signal.SIGKILL)
+        second = _attempt(supervisor, first)
+        wait_for(
+            lambda: committed(out) >= 4 and "resuming" in log.read_text(), "attempt 2 past iteration 4", 300
+        )
+        evaluation = JobSpec("eval", "research", "high", (Gang(({"CPU": 8.0},)),))
+        assert ray.get(scheduler.submit.remote(evaluation)) == ""
+        wait_for(
+            lambda: ray.get(scheduler.poll.remote("eval"))["state"] == "running", "eval to preempt it", 120
+        )
+        view = ray.get(scheduler.poll.remote("rl"))
+        assert view["state"] == "pending"  # its reason: the quota eval holds, once a cycle has run
+        _attempt(supervisor, second)  # the next attempt waits in the queue meanwhile
+        time.sleep(2.0)
+        ray.get(scheduler.finished.remote("eval"))
+        assert supervisor.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    text = log.read_text()
+    assert re.search(r"attempt 1 ended after \d+ s \(killed by SIGKILL\); failed \(killed by SIGKILL\); "
+                     r"retry 1 of 1 after a 1 s backoff", text), text[-4000:]  # fmt: skip
+    assert re.search(r"attempt 2 ended after \d+ s \(stopped \(exit status 3\)\); preempted \(for eval", text)
+    assert len(re.findall(r"resuming .* after iteration \d+, from the checkpoint of iteration", text)) == 2
+    assert "Traceback" not in text
+    assert check_run(out, 30, PROMPTS * GROUP) == []
+    job = ray.get(scheduler.status.remote())["jobs"]["rl"]
+    assert job["state"] == "done" and job["failures"] == 1 and job["requeues"] == 2
+
+
+def test_a_job_whose_driver_keeps_dying_is_parked_with_the_reason(cluster: Any) -> None:
+    import ray
+
+    address, scheduler, root = cluster
+    out, log = root / "crashes", root / "crashes.log"
+    supervisor = _supervised(address, out, log)
+    try:
+        previous = None
+        for n in (1, 2):
+            pid = _attempt(supervisor, previous)
+            again = ", attempt 2" if n == 2 else ""
+            said = f"registered with the cluster scheduler as crashes (queue research{again})"
+            wait_for(lambda s=said: s in log.read_text(), f"attempt {n} to register", 120)  # type: ignore[misc]
+            os.kill(pid, signal.SIGKILL)
+            previous = pid
+        assert supervisor.wait(timeout=120) == 1
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    job = ray.get(scheduler.status.remote())["jobs"]["crashes"]
+    assert job["state"] == "parked" and job["failures"] == 2
+    assert "parked after 2 failures (the last: killed by SIGKILL)" in job["reason"]
+    assert "the job is parked: parked after 2 failures" in log.read_text()
+
+
+def test_the_scheduler_killed_mid_iteration_restarts_and_its_job_finishes_whole(cluster: Any) -> None:
+    import ray
+
+    address, scheduler, root = cluster
+    under = [*command("configs/jobs/quickstart.yaml", SETS), "--address", address, "--queue", "research"]
+    trial = run_trial([*under, "--requeue"], root / "sched", Fault.SCHEDULER, 2, 0.3)
+    assert trial.ok and trial.killed, f"{trial.problems}\n{trial.log[-4000:]}"
+    assert check_run(root / "sched", STEPS, PROMPTS * GROUP) == []
+    status = ray.get(scheduler.status.remote())
+    assert status["restarted"] and status["error"] == ""
+    job = status["jobs"]["sched"]
+    assert job["state"] == "done" and job["failures"] == 0 and job["requeues"] == 0
+    assert "Traceback" not in trial.log and "attempt 1 ended" not in trial.log
+    print(
+        f"scheduler killed after iteration {trial.at_kill}; the job regained it in {trial.recovery_s:.1f} s"
+    )
