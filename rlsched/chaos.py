@@ -32,6 +32,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -57,9 +58,10 @@ class Fault(StrEnum):
     ROLLOUT_INSTANCE = "rollout_instance"
     VERIFIER_WORKER = "verifier_worker"
     SCHEDULER = "scheduler"  # the cluster scheduler's actor: for a job under it (--queue, on a cluster)
+    NODE = "node"  # a whole Ray node removed (ray.cluster_utils.Cluster): its raylet and every worker
 
 
-CLUSTER_FAULTS = frozenset({Fault.SCHEDULER})  # need a Ray cluster with the scheduler, not a lone job
+CLUSTER_FAULTS = frozenset({Fault.SCHEDULER, Fault.NODE})  # need a multi-process Ray cluster of their own
 
 
 TITLES = {
@@ -76,6 +78,26 @@ def processes(title: str) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [int(pid) for pid, _, args in (line.strip().partition(" ") for line in out.splitlines())
             if args.strip().startswith(title)]  # fmt: skip
+
+
+def _parent(pid: int) -> int:
+    out = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True).stdout
+    return int(out.strip() or 0)
+
+
+def remove_node_hosting(cluster: Any, title: str) -> list[int]:
+    """Remove, as a crash would (no grace), the worker node of a `ray.cluster_utils.Cluster` whose
+    raylet started the processes titled `title`; the pids that went with it (empty: none found, or
+    they run on the head, which stays)."""
+    by_raylet: dict[int, list[int]] = {}
+    for pid in processes(title):
+        by_raylet.setdefault(_parent(pid), []).append(pid)
+    for node in cluster.worker_nodes:
+        ours = by_raylet.get(node.all_processes["raylet"][0].process.pid)
+        if ours:
+            cluster.remove_node(node, allow_graceful=False)
+            return ours
+    return []
 
 
 def committed(out: Path) -> int:
@@ -118,10 +140,17 @@ def _wait_for(out: Path, iteration: int, proc: subprocess.Popen[bytes], timeout_
 
 
 def run_trial(
-    command: list[str], out: Path, fault: Fault, after: int, delay_s: float, timeout_s: float = 600.0
+    command: list[str],
+    out: Path,
+    fault: Fault,
+    after: int,
+    delay_s: float,
+    timeout_s: float = 600.0,
+    inject: Callable[[], list[int]] | None = None,
 ) -> Trial:
     """One run of `command` (`rlsched run CONFIG --set ...`, without --out) with `fault` injected
-    `delay_s` after iteration `after` is committed; the run is waited for (resumed, for the driver)."""
+    `delay_s` after iteration `after` is committed; the run is waited for (resumed, for the driver).
+    `inject` carries out a fault that is not a kill by title (a node removed) and says what it ended."""
     trial = Trial(fault, after, delay_s)
     log = out.parent / f"{out.name}.log"
     proc = _start(command, out, log)
@@ -141,6 +170,8 @@ def run_trial(
         if first != expected:
             trial.problems.append(f"the first run ended with {first}, not {expected}")
         proc = _start([*command, "--resume"], out, log)
+    elif inject is not None:
+        trial.killed = inject()
     else:
         pids = processes(TITLES[fault])
         chosen = pids if fault is Fault.TRAINER_NODE else pids[:1]

@@ -1,7 +1,8 @@
 """`rlsched submit` through Ray's job API, on a cluster started as an admin starts one (`ray start
 --head` with its dashboard): the job is registered with the cluster scheduler, runs as a Ray job on
 the head node from the uploaded working directory, `rlsched status` shows Ray's job status beside the
-scheduler's, and `rlsched logs` prints its output."""
+scheduler's, and `rlsched logs` prints its output. The entrypoint is the job's supervisor (`rlsched run
+--requeue`), which tests/e2e/test_requeue_ray.py puts through preemptions and kills."""
 
 from __future__ import annotations
 
@@ -87,5 +88,6 @@ def test_submit_runs_the_job_through_rays_job_api(head: str, tmp_path: Path) -> 
     assert [r["iteration"] for r in rows] == [1, 2]
     logs = rlsched("logs", "submitted", "--address", head)
     assert logs.returncode == 0 and "held-out pass rate after" in logs.stdout
+    assert "supervising submitted" in logs.stdout  # the entrypoint requeues it after a preemption or failure
     shown = rlsched("status", "--address", head)
     assert "(Ray job rlsched-submitted-" in shown.stdout and "SUCCEEDED" in shown.stdout
