@@ -92,6 +92,7 @@ class JobController:
         self.tokenizer, self.template = load_prompting(cfg.model.checkpoint, cfg.model.template)
         self.task = build_task(cfg.task)
         self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
+        resume_after = None if start is None else start.iteration  # a resumed run: its episodes come back
         start = start or Start()
         self.train_stream, self.cursor = self._stream_at(start.cursor)
         self.consumed: list[tuple[str, str]] = []  # (request id, how) of the last iteration
@@ -114,7 +115,9 @@ class JobController:
         self.fleet.publish(self.group.publish(start.version))
         self.fleet.reload()
         self.fleet.wait_serving()
-        self.endpoint: Any = self._start_endpoint() if cfg.rollout.endpoint.enabled else None
+        self.endpoint: Any = (
+            self._start_endpoint(out_dir, resume_after) if cfg.rollout.endpoint.enabled else None
+        )
         self._judging: dict[RequestId, str] = {}  # the endpoint's episodes the verifiers judge
 
     # -- where the job starts, and where it starts again ----------------------------------------------
@@ -155,7 +158,16 @@ class JobController:
         version = self.core.version + 1
         self.core, self.phases = self._iteration_core(version), it.Phases()
         self.reload(self.group.publish(version), replenish=True)
+        if self.endpoint is not None:
+            back = ray.get(self.endpoint.restore.remote(start.iteration))
+            self.log(f"endpoint: {back} episode(s) taken by the iterations run again are back in its store")
         return version
+
+    def episodes_checkpointed(self, iteration: int) -> None:
+        """Every checkpoint kept holds the iterations up to `iteration`: the endpoint's journal lets
+        go of the episodes they took."""
+        if self.endpoint is not None:
+            ray.get(self.endpoint.checkpointed.remote(iteration))
 
     def _set_aside_spans(self, after: int) -> None:
         """The spans of iterations that run again leave the phase times; the timeline keeps them,
@@ -305,15 +317,21 @@ class JobController:
 
     # -- the OpenAI endpoint -----------------------------------------------------------------------
 
-    def _start_endpoint(self) -> Any:
-        """The endpoint over this job's fleet (`actors.endpoint`), its address printed."""
+    def _start_endpoint(self, out_dir: Path | None, resume_after: int | None) -> Any:
+        """The endpoint over this job's fleet (`actors.endpoint`), its address printed. Its episodes
+        are journaled in the run's `episodes.sqlite`; a resumed run takes back those the crash left."""
         from actors.endpoint import EndpointActor
 
         cfg = self.cfg
+        journal = str(out_dir / "episodes.sqlite") if out_dir is not None else None
         handle = EndpointActor.remote(  # type: ignore[attr-defined]
             self.fleet.live_handles(), str(inspect_checkpoint(cfg.model.checkpoint).path),
             cfg.rollout.endpoint, max_staleness=cfg.rollout.max_staleness, template=cfg.model.template,
+            journal=journal, resume_after=resume_after,
         )  # fmt: skip
+        if resume_after is not None and journal is not None:
+            back = len(ray.get(handle.episodes.remote()))
+            self.log(f"endpoint: {back} episode(s) of the earlier run taken back from {journal}")
         host, port, name, context = ray.get(handle.address.remote())
         self.log(
             f"endpoint: {name} at http://{host}:{port}/v1 over the rollout fleet (context {context} "
@@ -362,12 +380,12 @@ class JobController:
                 self.log(f"episode {episode_id}: the verifier could not judge it ({outcome.detail})")
         return counts if self.endpoint is not None else {}
 
-    def episodes(self) -> tuple[list[TrainItem], dict[str, int]]:
+    def episodes(self, iteration: int) -> tuple[list[TrainItem], dict[str, int]]:
         """The endpoint's episodes ready since the last iteration, as train items, and the counts of
         those taken, trained and left out."""
         if self.endpoint is None:
             return [], {}
-        taken = ray.get(self.endpoint.take_ready.remote())
+        taken = ray.get(self.endpoint.take_ready.remote(iteration))
         batch = episode_batch(taken, keep_mixed=self.cfg.rollout.endpoint.train_mixed)
         trained = set(batch.episode_ids)
         self.consumed += [
@@ -389,7 +407,7 @@ class JobController:
         samples, outcomes = self.generate_and_verify(iteration, requests, references)  # 2
         judged = self._reward_episodes(outcomes)
         items, counts = self.assemble(phases.take(it.Update), samples, outcomes)  # 3
-        episode_items, episode_counts = self.episodes()  # the endpoint's, if it runs
+        episode_items, episode_counts = self.episodes(iteration)  # the endpoint's, if it runs
         episode_counts |= judged
         items = [*items, *episode_items]
         loss = self.update(iteration, items)  # 4

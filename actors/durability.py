@@ -272,6 +272,7 @@ class JobLog:
                     self.uploader.submit(row.iteration, Path(row.path))
             self.uploader.submit(iteration, saved.path)
         self._prune()
+        controller.episodes_checkpointed(min(r.iteration for r in self.commits.checkpoints()))
         return saved
 
     def _uploaded(self, iteration: int, copy: Path | None, seconds: float, error: str | None) -> None:

@@ -43,9 +43,10 @@ from rlsched.engine.stream_server import EngineStopped, Event
 from rlsched.model.checkpoint import load_checkpoint, load_prompting, to_bf16_bytes
 from rlsched.policy.lifecycle import InstanceState
 from rlsched.policy.routing import InstanceView, NoInstance, route
-from rlsched.serve.episodes import Episode
+from rlsched.serve.episodes import Episode, EpisodeStore
 from rlsched.serve.run import Served
 from rlsched.serve.server import PREFIX_CACHE_TOKENS, Running, start, with_chat_template
+from rlsched.store.episode_journal import EpisodeJournal
 from rlsched.transfer.service import WeightService
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,8 @@ class Endpoint:
         template: str | None = None,
         chat_template: str | None = None,
         model_name: str | None = None,
+        journal: str | None = None,
+        resume_after: int | None = None,
     ) -> None:
         first = next(iter(instances.values()))
         context_length, rows = ray.get(first.describe.remote())
@@ -250,6 +253,13 @@ class Endpoint:
         tokenizer, prompts = load_prompting(path, template)
         prompts = with_chat_template(tokenizer, prompts, Path(chat_template) if chat_template else None)
         served = Served(self.backend, tokenizer, prompts, model_name or cfg.model_name or path.name)
+        if journal is not None:  # a job's endpoint: its episodes survive a crash of the job
+            kept = EpisodeJournal(Path(journal))
+            if resume_after is None:
+                kept.reset()  # a new run
+            served.episodes = EpisodeStore(journal=kept)
+            if resume_after is not None:
+                served.episodes.restore(resume_after)
         self.running: Running = start(served, cfg)
 
     def address(self) -> tuple[str, int, str, int]:
@@ -305,10 +315,19 @@ class Endpoint:
         """The verifier's reward for an episode handed out by `to_judge`."""
         self.running.served.episodes.reward(episode_id, reward, judged=True)
 
-    def take_ready(self) -> list[Episode]:
-        """The episodes ended and rewarded, each handed out once: the trainer's batch."""
+    def take_ready(self, iteration: int = 0) -> list[Episode]:
+        """The episodes ended and rewarded, each handed out once: iteration `iteration`'s batch."""
         store = self.running.served.episodes
-        return store.take([e.id for e in store.ready()])
+        return store.take([e.id for e in store.ready()], iteration)
+
+    def checkpointed(self, iteration: int) -> None:
+        """A checkpoint holds the iterations up to `iteration`: the journal lets their episodes go."""
+        self.running.served.episodes.checkpointed(iteration)
+
+    def restore(self, after: int) -> int:
+        """The training group was rebuilt from the checkpoint of `after`: the episodes later iterations
+        took are back, to be taken again. How many."""
+        return self.running.served.episodes.restore(after)
 
     def stop(self) -> None:
         self.running.stop()

@@ -4,7 +4,8 @@ Every Ray job started by `rlsched run` owns a small named actor, its inbox (`rls
 the `rlsched` namespace; JOB is the name of the run's output directory). `rlsched scale JOB ...`
 connects to the same cluster, drops a command in the inbox and prints the fleet as the job last
 reported it. The controller takes the commands while it generates, and reports its fleet back. The
-inbox lives and dies with the job's driver.
+inbox lives and dies with the job's driver: it is pinned to the driver's node, so that losing
+another node (with trainer ranks or instances on it, which the job recovers) never takes it along.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlsched.policy.lifecycle import Leave
 
@@ -56,7 +58,8 @@ ScaleInbox = ray.remote(num_cpus=0, max_concurrency=4)(_Inbox)
 
 def open_inbox(job: str) -> Any:
     """The job's inbox, created by its driver (one job of a name per cluster at a time)."""
-    return ScaleInbox.options(name=inbox_name(job), namespace=NAMESPACE).remote()
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ScaleInbox.options(name=inbox_name(job), namespace=NAMESPACE, scheduling_strategy=here).remote()
 
 
 def running_jobs() -> list[str]:

@@ -263,6 +263,52 @@ def check_run(
     return problems
 
 
+# the cluster of a trial that needs one: a head for the driver, instances and verifiers, and two nodes
+# with room for the training gang (`trainer_slot`); the scheduler's fault puts the job under it
+TRAINER_SLOT = "trainer.resources.trainer_slot=1"
+CLUSTER_ADMIN = """
+priority_classes:
+  low: {value: 10, preemptible: true, grace_s: 10}
+queues:
+  research:
+    nominal: {CPU: 10, trainer_slot: 4}
+    default_priority: low
+"""
+
+
+def cluster_trial(
+    fault: Fault, out: Path, after: int, delay_s: float, sets: list[str], timeout_s: float = 600.0
+) -> Trial:
+    """A trial of a fault in `CLUSTER_FAULTS`, on a three-node `ray.cluster_utils.Cluster` of its own
+    (gone afterwards): the node holding the training ranks removed; or the scheduler's actor killed,
+    with the job under it (`--queue research --requeue`)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 6})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=2, resources={"trainer_slot": 2})
+        cluster.wait_for_nodes()
+        run = [*command("configs/jobs/quickstart.yaml", [*sets, TRAINER_SLOT]), "--address", cluster.address]
+        if fault is Fault.NODE:
+            remove = lambda: remove_node_hosting(cluster, TITLES[Fault.TRAINER_NODE])  # noqa: E731
+            return run_trial(run, out, fault, after, delay_s, timeout_s, inject=remove)
+        admin = out.parent / f"{out.name}-admin.yaml"
+        admin.write_text(CLUSTER_ADMIN)
+        state = out.parent / f"{out.name}-scheduler.sqlite"
+        started = subprocess.run(
+            [sys.executable, "-m", "rlsched.cli", "admin", "start", str(admin), "--address", cluster.address,
+             "--state", str(state)], capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if started.returncode != 0:
+            trial = Trial(fault, after, delay_s)
+            trial.problems.append(f"the scheduler did not start: {started.stderr[-500:]}")
+            return trial
+        return run_trial([*run, "--queue", "research", "--requeue"], out, fault, after, delay_s, timeout_s)
+    finally:
+        cluster.shutdown()
+
+
 def pick(rng: random.Random, faults: list[Fault], steps: int) -> tuple[Fault, int, float]:
     """A random trial for the soak: the fault, the iteration after which it lands, how far into the
     next iteration."""

@@ -6,7 +6,9 @@ the uninterrupted run's (`rlsched.chaos`).
 
 Workload: the quickstart job (6 iterations of 8 prompts x 8 samples, checkpoints every 2, uploads to
 a second directory), once without faults (the reference curve), then trial after trial: a fault kind,
-the iteration after which it lands and how far into the next (seeded), each in its own run. It stops
+the iteration after which it lands and how far into the next (seeded), each in its own run (the
+node and scheduler kinds on a three-node `ray.cluster_utils.Cluster` of their own, the scheduler's
+with the job under it, supervised: `rlsched.chaos.cluster_trial`). It stops
 after `--trials` trials (0: no limit) or once `--budget-s` seconds have passed, whichever comes
 first, and after every fault kind has had at least one trial. Prints one table (trials, recovered,
 problems, recovery time p50/max per kind) and writes bench_results/chaos.json.
@@ -39,6 +41,7 @@ from rlsched.chaos import (
     STEPS,
     Fault,
     check_run,
+    cluster_trial,
     command,
     curve,
     pick,
@@ -64,14 +67,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=0, help="at most this many trials (0: until the budget)")
     ap.add_argument("--faults", default="all", help="comma-separated fault kinds (default: all)")
     args = ap.parse_args()
-    lone = [
-        f for f in Fault if f not in CLUSTER_FAULTS
-    ]  # the scheduler's kind: tests/e2e/test_requeue_ray.py
-    faults = lone if args.faults == "all" else [Fault(f) for f in args.faults.split(",")]
-    if set(faults) & CLUSTER_FAULTS:
-        sys.exit(
-            "the scheduler's fault needs a cluster under the scheduler; tests/e2e/test_requeue_ray.py runs it"
-        )
+    faults = list(Fault) if args.faults == "all" else [Fault(f) for f in args.faults.split(",")]
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="rlsched-chaos-"))
     started = time.monotonic()
@@ -87,7 +83,10 @@ def main() -> None:
         if untried:  # every kind once first, in order
             fault = untried.pop(0)
         out = root / f"trial-{len(trials)}"
-        trial = run_trial(command("configs/jobs/quickstart.yaml", sets), out, fault, after, delay)
+        if fault in CLUSTER_FAULTS:  # on a three-node cluster of its own
+            trial = cluster_trial(fault, out, after, delay, sets)
+        else:
+            trial = run_trial(command("configs/jobs/quickstart.yaml", sets), out, fault, after, delay)
         problems = trial.problems + check_run(out, STEPS, PROMPTS * GROUP, reference=reference, uploaded=True)
         trials.append(
             {"fault": str(fault), "after": after, "delay_s": delay, "at_kill": trial.at_kill,

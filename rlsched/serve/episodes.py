@@ -12,6 +12,10 @@ new conversation's templated text must begin with the text of the recorded ids, 
 does not (the client edited the history), the prompt is tokenized whole, and the turn records that it
 does not extend and where it diverges: the mismatch is kept, not hidden.
 
+With a journal (a job's endpoint), every change of an episode is written to the run's
+`episodes.sqlite` as it happens; after a crash the job's endpoint takes back the open episodes, those
+waiting for a reward, and those a lost iteration had taken (`EpisodeStore.restore`).
+
 An episode ends with a turn that calls no tool (the agent's final answer) or when the client says
 so (`end`). Its reward comes from the client (`POST /v1/episodes/{id}/reward`) or a verifier; an
 ended episode whose reward has not come within `reward_timeout_s` is dropped and counted. Episodes
@@ -32,6 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 from rlsched.model.tokenizer import Tokenizer
+from rlsched.store.episode_journal import EpisodeJournal
 
 Clock = Callable[[], float]
 
@@ -81,6 +86,14 @@ class Turn:
             "diverged_at": self.diverged_at,
             "started_version": self.started_version,
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Turn:
+        return cls(
+            d["request_id"], tuple(d["prompt_ids"]), tuple(d["token_ids"]), tuple(d["logprobs"]),
+            d["weight_version"], d["submitted"], d["first_token"], d["finished"], d["finish_reason"],
+            d["called_tool"], d["extends"], d["diverged_at"], d["started_version"],
+        )  # fmt: skip
 
 
 @dataclass
@@ -140,6 +153,15 @@ class Episode:
             "turns": [t.as_json() for t in self.turns],
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Episode:
+        """What `as_json` wrote (its derived fields, stitched, mixed, versions, are recomputed)."""
+        return cls(
+            d["id"], d["group_id"], d["created"], [Turn.from_json(t) for t in d["turns"]],
+            None if d["ended"] is None else EndReason(d["ended"]), d["ended_at"], d["reward"],
+            d["reference"], d["judging"],
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class TrainingSequence:
@@ -190,13 +212,47 @@ def continue_prompt(
 
 
 class EpisodeStore:
-    """The endpoint's episodes, in memory (a job's commit log makes them durable: the next issue)."""
+    """The endpoint's episodes, in memory; with a `journal` (a job's endpoint), each change is also
+    written to disk as it happens, and `restore` takes them back after a crash
+    (`rlsched.store.episode_journal`)."""
 
-    def __init__(self, reward_timeout_s: float = 600.0, clock: Clock = time.time) -> None:
+    def __init__(
+        self, reward_timeout_s: float = 600.0, clock: Clock = time.time, journal: EpisodeJournal | None = None
+    ) -> None:
         self.reward_timeout_s = reward_timeout_s
         self.clock = clock
+        self.journal = journal
         self._episodes: dict[str, Episode] = {}
         self.dropped_no_reward = 0
+
+    def _save(self, episode: Episode) -> Episode:
+        if self.journal is not None:
+            self.journal.save(episode.id, episode.as_json())
+        return episode
+
+    def restore(self, after: int) -> int:
+        """After a crash, or a training group rebuilt from the checkpoint of iteration `after`: the
+        journal's episodes not yet taken, or taken by an iteration after it, back in the store (an
+        episode handed to a verifier that never answered is handed out again; one waiting for its
+        reward waits `reward_timeout_s` from now). How many came back."""
+        if self.journal is None:
+            return 0
+        back = 0
+        for body in self.journal.load(after):
+            episode = Episode.from_json(body)
+            if episode.id in self._episodes:
+                continue
+            if episode.reward is None:
+                episode.judging = False
+                episode.ended_at = None if episode.ended is None else self.clock()
+            self._episodes[episode.id] = self._save(episode)
+            back += 1
+        return back
+
+    def checkpointed(self, iteration: int) -> None:
+        """A checkpoint holds the iterations up to `iteration`: the episodes they took are done."""
+        if self.journal is not None:
+            self.journal.checkpointed(iteration)
 
     def __len__(self) -> int:
         return len(self._episodes)
@@ -233,13 +289,13 @@ class EpisodeStore:
             episode.reference = reference
         if not turn.called_tool and turn.finish_reason != "length":
             self._end(episode, EndReason.FINAL_ANSWER)
-        return episode
+        return self._save(episode)
 
     def end(self, episode_id: str) -> Episode:
         episode = self.get(episode_id)
         if episode.ended is None:
             self._end(episode, EndReason.CLIENT)
-        return episode
+        return self._save(episode)
 
     def reward(self, episode_id: str, reward: float, judged: bool = False) -> Episode:
         """The episode's reward: from the client, or (`judged`) from the verifier it was handed to."""
@@ -251,7 +307,7 @@ class EpisodeStore:
         episode.reward = reward
         if episode.ended is None:
             self._end(episode, EndReason.CLIENT)
-        return episode
+        return self._save(episode)
 
     def all(self) -> list[Episode]:
         self._expire()
@@ -273,11 +329,16 @@ class EpisodeStore:
         ]
         for e in due:
             e.judging = True
+            self._save(e)
         return sorted(due, key=lambda e: e.created)
 
-    def take(self, episode_ids: Sequence[str]) -> list[Episode]:
-        """Remove and return these episodes (a trainer took them as its batch)."""
-        return [self._episodes.pop(i) for i in episode_ids if i in self._episodes]
+    def take(self, episode_ids: Sequence[str], iteration: int = 0) -> list[Episode]:
+        """Remove and return these episodes (training iteration `iteration` took them as its batch;
+        the journal keeps them until a checkpoint holds that iteration)."""
+        taken = [self._episodes.pop(i) for i in episode_ids if i in self._episodes]
+        if self.journal is not None:
+            self.journal.taken([e.id for e in taken], iteration)
+        return taken
 
     def _end(self, episode: Episode, why: EndReason) -> None:
         episode.ended, episode.ended_at = why, self.clock()
@@ -291,4 +352,6 @@ class EpisodeStore:
         ]
         for episode_id in late:
             del self._episodes[episode_id]
+        if late and self.journal is not None:
+            self.journal.forget(late)
         self.dropped_no_reward += len(late)

@@ -20,9 +20,9 @@ from rlsched.chaos import (
     STEPS,
     Fault,
     check_run,
+    cluster_trial,
     command,
     curve,
-    remove_node_hosting,
     run_trial,
 )
 from tests.e2e.test_run_ray import ROOT, settled_ray_processes
@@ -103,22 +103,8 @@ def test_a_whole_node_removed_mid_iteration_takes_the_ranks_and_the_job_rebuilds
     two nodes with room for the training gang (`trainer_slot`). The node holding both ranks (rank
     0's weight service with them) is removed as a crash removes it; the job rebuilds the group on
     the other node from its last checkpoint and finishes with the uninterrupted run's curve."""
-    from ray.cluster_utils import Cluster
-
     monkeypatch.chdir(ROOT)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 6})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=2, resources={"trainer_slot": 2})
-        cluster.wait_for_nodes()
-        sets = [*SETS, "trainer.resources.trainer_slot=1"]
-        run = [*command("configs/jobs/quickstart.yaml", sets), "--address", cluster.address]
-        trial = run_trial(
-            run, tmp_path / "run", Fault.NODE, 2, 0.3,
-            inject=lambda: remove_node_hosting(cluster, "ray::TrainerRank"),
-        )  # fmt: skip
-    finally:
-        cluster.shutdown()
+    trial = cluster_trial(Fault.NODE, tmp_path / "run", 2, 0.3, SETS)
     assert trial.ok, f"{trial.problems}\n{trial.log[-4000:]}"
     assert len(trial.killed) == 2 and trial.recovery_s is not None
     assert check_run(tmp_path / "run", STEPS, PROMPTS * GROUP, reference=reference) == []

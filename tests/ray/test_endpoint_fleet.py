@@ -227,3 +227,58 @@ def test_a_job_serves_its_fleet_pins_episodes_and_trains_on_them(ray_session: No
         assert opened["versions"][0] == 0 and opened["versions"][-1] == 2 and opened["mixed"] is True
     finally:
         controller.shutdown()
+
+
+def test_a_job_started_again_after_a_crash_takes_back_its_endpoints_episodes(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The job's endpoint journals its episodes in the run's `episodes.sqlite`. After a crash (the
+    endpoint killed with the job), the resumed job's endpoint takes back the open episode, which the
+    agent continues by its id as if nothing had happened, and the rewarded episode iteration 1 had
+    taken: no checkpoint held iteration 1, so it runs again and trains on it again."""
+    from actors.controller import JobController, Start
+    from rlsched.config import load_config
+
+    cfg = load_config(
+        None,
+        ["grpo.prompts_per_step=4", "task.eval_size=64", "eval.curve_size=32",
+         "rollout.endpoint.enabled=true", "rollout.endpoint.port=0"],
+    )  # fmt: skip
+
+    def endpoint_of(lines: list[str]) -> tuple[str, OpenAI, str]:
+        (line,) = [x for x in lines if x.startswith("endpoint: ") and " at http" in x]
+        base_url = line.split(" at ")[1].split()[0]
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+        return base_url, client, client.models.list().data[0].id
+
+    lines: list[str] = []
+    before = JobController(cfg, log=lines.append, out_dir=tmp_path)
+    try:
+        base_url, client, model = endpoint_of(lines)
+        ask: dict[str, Any] = {"model": model, "messages": HELLO, "max_tokens": 4, "temperature": 1.0}
+        client.chat.completions.create(**ask, extra_body={"episode_id": "done"})
+        assert httpx.post(f"{base_url}/episodes/done/reward", json={"reward": 1.0}, timeout=30).is_success
+        first = client.chat.completions.create(**ask, extra_body={"episode_id": "open", "ignore_eos": True})
+        assert before.run_iteration(1).extra["endpoint"]["episodes_trained"] == 1  # "done"
+    finally:
+        ray.kill(before.endpoint)  # the crash: the endpoint goes without a word
+        before.endpoint = None
+        before.shutdown()
+
+    lines = []
+    after = JobController(cfg, log=lines.append, out_dir=tmp_path, start=Start())  # no checkpoint yet
+    try:
+        assert any("endpoint: 2 episode(s) of the earlier run taken back" in x for x in lines), lines
+        base_url, client, model = endpoint_of(lines)
+        history = [*HELLO, {"role": "assistant", "content": first.choices[0].message.content or ""}]
+        history.append({"role": "user", "content": "More."})
+        client.chat.completions.create(
+            **{**ask, "model": model, "messages": history},
+            extra_body={"episode_id": "open", "ignore_eos": True},
+        )
+        opened = httpx.get(f"{base_url}/episodes/open", timeout=30).json()
+        assert len(opened["turns"]) == 2 and opened["stitched"] is True  # continued, token for token
+        assert after.run_iteration(1).extra["endpoint"]["episodes_trained"] == 1  # "done", again
+        assert ("episode/done", "episode") in after.consumed
+    finally:
+        after.shutdown()
