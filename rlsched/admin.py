@@ -308,7 +308,11 @@ def describe(cfg: AdminConfig) -> list[str]:
         rules.append("nobody is preempted below their queue's guarantee")
     lines.append("Preemption: " + ("; ".join(rules) if rules else "off") + ".")
     r = cfg.requeue
-    parked = f"parked after {r.limit} failures requeued" if r.limit is not None else "never parked"
+    parked = (
+        f"{r.limit} failures are requeued, the next one parks the job"
+        if r.limit is not None
+        else "never parked"
+    )
     lines.append(
         f"Requeue (supervised jobs): preempted, back in the queue at once; failed, after "
         f"{r.backoff_base_s:g} s, doubling to at most {r.backoff_max_s:g} s; {parked}. Each resumes "

@@ -334,6 +334,10 @@ def test_admin_check_says_what_the_file_means() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "valid" in proc.stdout and "online (1000): never preempted; admitted within 2 s." in proc.stdout
     assert "Reserve: 1 H100, 8 CPU kept for online" in proc.stdout
+    assert (
+        "Requeue (supervised jobs): preempted, back in the queue at once; failed, after 30 s, doubling to at "
+        "most 1800 s; 5 failures are requeued, the next one parks the job." in proc.stdout
+    )
 
 
 ADMIN_BASE = """
