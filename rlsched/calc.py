@@ -47,7 +47,17 @@ def _speedups(items: list[str]) -> dict[str, float]:
 
 def calc_iteration(args: argparse.Namespace) -> dict[str, Any]:
     phases = {p: getattr(args, p) for p in iteration_model.PHASES}
-    return asdict(iteration_model.iteration(phases, _speedups(args.speedup)))
+    if args.staleness is None:
+        if args.load or args.verify_exposed is not None:
+            raise UserError("--load and --verify-exposed belong to the pipelined bound: add --staleness K")
+        return asdict(iteration_model.iteration(phases, _speedups(args.speedup)))
+    if args.speedup:
+        raise UserError("--speedup is for the sequential iteration; leave it out with --staleness")
+    exposed = args.verify if args.verify_exposed is None else args.verify_exposed
+    bound = iteration_model.pipelined_bound(
+        args.generate, exposed, args.update, args.publish, args.load, args.staleness
+    )
+    return asdict(bound)
 
 
 def calc_queue(args: argparse.Namespace) -> dict[str, Any]:
@@ -317,6 +327,19 @@ def add_parsers(sub: Any) -> None:
     for phase in iteration_model.PHASES:
         it.add_argument(f"--{phase}", type=float, required=True, metavar="S", help=f"seconds of {phase}")
     it.add_argument("--speedup", action="append", default=[], metavar="PHASE=X", help="e.g. generate=2")
+    it.add_argument(
+        "--staleness",
+        type=int,
+        metavar="K",
+        help="the pipelined bound when samples may be K versions stale (SPEC section 1's third lever)",
+    )
+    it.add_argument("--load", type=float, default=0.0, metavar="S", help="with --staleness: seconds to load")
+    it.add_argument(
+        "--verify-exposed",
+        type=float,
+        metavar="S",
+        help="with --staleness: verification left after generation ends (default: --verify)",
+    )
     q = sub.add_parser("queue", help="FCFS waits and completion on W workers")
     q.add_argument("--arrivals", required=True, help="arrival times, e.g. 0*10 or 0,1,2")
     q.add_argument("--service", required=True, help="service time(s): one for all, or one per job")

@@ -9,7 +9,7 @@ import pytest
 from rlsched.calc import run
 from rlsched.cli import build_parser
 from rlsched.errors import UserError
-from rlsched.policy.iteration import amdahl, iteration
+from rlsched.policy.iteration import amdahl, iteration, pipelined_bound
 from rlsched.policy.queueing import batch, fcfs
 
 
@@ -38,6 +38,24 @@ def test_iteration_spec_section_1() -> None:
     assert fast["speedup"] == pytest.approx(85 / 65) and round(fast["speedup"], 2) == 1.31
     assert fast["cap"] == pytest.approx(85 / 45) and round(fast["cap"], 2) == 1.89
     assert amdahl(40 / 85, 2) == pytest.approx(85 / 65)
+
+
+SPEC_CHAIN = ["--generate", "1", "--verify", "0.2", "--update", "0.8", "--publish", "0.1", "--load", "0.3"]
+
+
+def test_the_pipelined_bound_spec_section_1() -> None:
+    """1 + 0.2 + 0.8 + 0.1 + 0.3: 2.4 s in sequence; with k = 1, max(1.3, 0.9, 0.2, 1.2) = 1.3 s."""
+    one = calc("iteration", *SPEC_CHAIN, "--staleness", "1")
+    assert one["chain"] == pytest.approx(2.4) and one["bound"] == pytest.approx(1.3)
+    assert one["terms"] == pytest.approx(
+        {"generate + load": 1.3, "update + publish": 0.9, "verify_exposed": 0.2, "chain / (k + 1)": 1.2}
+    )
+    assert one["binding"] == "generate + load" and round(one["speedup"], 2) == 1.85
+    assert calc("iteration", *SPEC_CHAIN, "--staleness", "0")["bound"] == pytest.approx(2.4)  # no overlap
+    deep = pipelined_bound(1.0, 0.2, 1.0, 0.1, 0.0, staleness=4)  # balanced: the trainer binds
+    assert deep.bound == pytest.approx(1.1) and deep.binding == "update + publish"
+    exposed = calc("iteration", *SPEC_CHAIN, "--verify-exposed", "0.05", "--staleness", "1")
+    assert exposed["chain"] == pytest.approx(2.25)  # only what generation leaves exposed counts
 
 
 def test_queue_spec_section_5() -> None:
@@ -90,6 +108,9 @@ def test_batch_spec_section_3() -> None:
         (["remaining", "--samples", "1,2", "--elapsed", "-1"], "non-negative"),
         (["remaining", "--samples", "1,2", "--quantile", "1.5"], "between 0 and 1"),
         (["deferral", "--saved", "-1", "--group-devices", "1", "--delay", "1"], "non-negative"),
+        (["iteration", *SPEC_CHAIN[:-2], "--staleness", "-1"], "staleness must be 0 or more"),
+        (["iteration", *SPEC_CHAIN], "add --staleness K"),
+        (["iteration", *SPEC_CHAIN, "--staleness", "1", "--speedup", "generate=2"], "leave it out"),
     ],
 )
 def test_bad_input_is_a_user_error(argv: list[str], needle: str) -> None:
