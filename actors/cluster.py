@@ -47,8 +47,9 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.scale import running_jobs
-from rlsched.core import cluster as cx
-from rlsched.core.cluster import ClusterCore, ClusterTrace, GroupId, JobId, JobSpec, PartId
+from rlsched.core import cluster_io as cx
+from rlsched.core.cluster import ClusterCore, ClusterTrace
+from rlsched.core.cluster_io import GroupId, JobId, JobSpec, PartId
 from rlsched.policy.cluster_model import AdmissionParams
 from rlsched.policy.lifecycle import JobState
 from rlsched.policy.placement import Node, Resources

@@ -29,9 +29,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rlsched.policy.lifecycle import JobState
 from rlsched.store.commit_log import LOG_NAME
-
-PENDING = "pending"
 
 
 def exit_words(rc: int) -> str:
@@ -84,7 +83,7 @@ class Supervisor:
             why = exit_words(rc)
             view = self._report(why, attempt)
             state, reason = view.get("state", "unknown"), view.get("reason", "")
-            if state != PENDING:
+            if state != JobState.PENDING:
                 self.log(f"attempt {attempt + 1} ended ({why}); the job is {state}: {reason}")
                 return rc if rc > 0 else 1
             requeued = view.get("requeued") or reason

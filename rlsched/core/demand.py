@@ -11,7 +11,7 @@ admitted for is what its actors ask Ray for.
 from __future__ import annotations
 
 from rlsched.config import JobConfig, RolloutConfig, TrainerConfig, VerifierConfig
-from rlsched.core.cluster import JobSpec
+from rlsched.core.cluster_io import JobSpec
 from rlsched.policy.placement import Gang, Strategy, add
 
 Bundle = dict[str, float]

@@ -26,8 +26,8 @@ from functools import partial
 
 import numpy as np
 
-from rlsched.core.cluster import (
-    ClusterCore,
+from rlsched.core.cluster import ClusterCore
+from rlsched.core.cluster_io import (
     Event,
     JobEnded,
     JobFinished,

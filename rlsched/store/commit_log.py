@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsched.policy.durability import Upload
+from rlsched.store.durable import open_fsynced
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS job (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -135,12 +136,7 @@ class CommitLog:
         if not create and not self.path.is_file():
             raise CommitError(f"no commit log at {self.path}")
         try:
-            if create:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")  # every commit reaches the disk first
-            self._db.executescript(_SCHEMA)
+            self._db = open_fsynced(self.path, _SCHEMA, create=create)  # every commit reaches the disk first
             self._db.execute("BEGIN IMMEDIATE")  # proves the write lock can be taken
             self._db.execute("ROLLBACK")
         except sqlite3.DatabaseError as err:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlsched.store.durable import open_fsynced
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS episodes (
     id TEXT PRIMARY KEY,
@@ -37,11 +39,7 @@ class EpisodeJournal:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
+            self._db = open_fsynced(self.path, _SCHEMA)
         except (OSError, sqlite3.Error) as err:
             raise JournalError(
                 f"cannot keep the endpoint's episodes at {self.path}: {err}; choose a writable run directory"

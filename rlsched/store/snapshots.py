@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlsched.store.durable import open_fsynced
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (
     key TEXT PRIMARY KEY,
@@ -39,11 +41,7 @@ class SnapshotStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
+            self._db = open_fsynced(self.path, _SCHEMA)
         except (OSError, sqlite3.Error) as err:
             raise SnapshotError(f"cannot keep state at {self.path}: {err}; choose a writable path") from None
         self._lock = threading.Lock()

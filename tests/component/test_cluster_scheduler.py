@@ -71,7 +71,8 @@ def test_a_running_job_whose_driver_is_gone_gives_everything_back() -> None:
 def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go() -> None:
     """The bookkeeping only, in the core: which placement groups go when (removing them on Ray is the
     e2e test's)."""
-    from rlsched.core.cluster import GroupId, PartId, RemovePlacementGroup, Tick, _Part
+    from rlsched.core.cluster import _Part
+    from rlsched.core.cluster_io import GroupId, PartId, RemovePlacementGroup, Tick
     from rlsched.policy.cluster_model import Evict
 
     s = scheduler()

@@ -176,7 +176,7 @@ def test_the_schedulers_recorded_run_replayed_in_virtual_time_makes_the_same_dec
 ) -> None:
     """Every event the Ray scheduler fed its core (submissions, polls' answers, cycles with the
     inventory it saw, finishes), replayed through the simulator, gives the same effects."""
-    from rlsched.core.cluster import CreatePlacementGroup, JobEnded, RemovePlacementGroup
+    from rlsched.core.cluster_io import CreatePlacementGroup, JobEnded, RemovePlacementGroup
     from rlsched.sim.replay import compare, replay
 
     trace = shared["trace"]

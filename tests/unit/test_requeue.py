@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlsched.core.cluster import (
-    ClusterCore,
+from rlsched.core.cluster import ClusterCore
+from rlsched.core.cluster_io import (
     CreatePlacementGroup,
     DriversAlive,
     JobEnded,
@@ -165,7 +165,7 @@ def test_a_cancelled_supervised_job_is_not_requeued() -> None:
     c = core()
     submit_and_admit(c, 0.0, spec("rl"))
     c.handle(JobSubmitted(1.0, spec("eval", "high", requeue=False)))  # waits (nothing preemptible)
-    from rlsched.core.cluster import CancelRequested
+    from rlsched.core.cluster_io import CancelRequested
 
     c.handle(CancelRequested(2.0, JobId("rl")))
     c.handle(JobFinished(3.0, JobId("rl"), preempted=True))
