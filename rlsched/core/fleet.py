@@ -14,7 +14,9 @@ read from its clock, and carries out the effects returned, in order:
   become inadmissible pulls the latest first (CATCH_UP). The versions and who holds each are kept in
   a `WeightBook` (`rlsched.core.weights`), with the weight-version lifecycle.
 - Reloading: between iterations every serving instance pulls the new version; `ReloadDone` once they
-  all have. Joiners already pulling go on and catch up afterwards.
+  all have. Joiners already pulling go on and catch up afterwards. In a pipelined job a reload comes
+  while requests run: an instance in the middle of a batch finishes it on its version (stale by one)
+  and pulls when the batch ends; the next iteration's requests queue behind the running ones.
   A reload may hold serving instances at their version for the OpenAI endpoint's episodes pinned
   there (`ReloadAsked.hold`), while that version stays admissible; one instance always reloads.
 - Relaying (`FleetParams.relay`): a reload follows `relay_plan`, each instance pulling from the one
@@ -75,6 +77,7 @@ class _Member:
     pull: _Pull | None = None
     busy: bool = False  # a batch call is in flight
     running: dict[str, None] = field(default_factory=dict)  # its batch's requests not yet arrived
+    reload_due: bool = False  # asked to reload mid-batch: it finishes the batch first, then pulls
     why: str = ""  # why it is leaving
 
     def to(self, target: InstanceState) -> None:
@@ -375,10 +378,14 @@ class FleetCore:
         held = self._held(targets, e.hold)
         targets = [m for m in targets if m.name not in held]
         self.reloading = {m.name for m in targets}
+        mid_batch = [m for m in targets if m.running]  # a pipelined job's: they finish on their version
+        for m in mid_batch:
+            m.reload_due = True
+        targets = [m for m in targets if not m.running]
         plan = self._reload_plan(targets)
         for m in targets:
             self._pull(m, e.at, reload=True, sources=plan.get(m.name, ()))
-        if not targets:
+        if not self.reloading:
             self._reload_finished()
 
     def _held(self, targets: list[_Member], hold: tuple[str, ...]) -> set[str]:
@@ -478,10 +485,15 @@ class FleetCore:
 
     def _begun(self, e: fx.Begun) -> None:
         self.iteration, self.gen_start = e.iteration, e.at
-        self.requests = {r.request_id: r for r in e.requests}
-        self.pending = deque(self.requests)
-        self.outstanding = len(self.requests)
-        self.resumed, self.resume_from = {}, {}
+        if self.outstanding:  # a pipelined job: the next iteration's requests queue behind these
+            self.requests.update((r.request_id, r) for r in e.requests)
+            self.pending.extend(r.request_id for r in e.requests)
+            self.outstanding += len(e.requests)
+        else:
+            self.requests = {r.request_id: r for r in e.requests}
+            self.pending = deque(self.requests)
+            self.outstanding = len(self.requests)
+            self.resumed, self.resume_from = {}, {}
         self._windows(e.at)
 
     def _tick(self, e: fx.Tick) -> None:
@@ -549,6 +561,12 @@ class FleetCore:
         if m.running:  # it ended without these (e.g. aborted): they go back
             self.pending.extendleft(reversed(list(m.running)))
             m.running = {}
+        if m.reload_due:
+            m.reload_due = False
+            if m.state is _S.READY:
+                self._pull(m, e.at, reload=True)
+            else:  # it is leaving: the reload no longer waits for it
+                self._reloaded(m.name)
         self._release_if_drained(m, e.at)
 
 

@@ -107,11 +107,31 @@ class Verify:
 
 
 @dataclass(slots=True)
-class Update:
-    """The batch is complete: assemble these samples (whole groups, judged, none older than
-    `oldest`) and train on them."""
+class Generate:
+    """A pipelined core's word that iteration `iteration`'s requests may go out now (answered with
+    `Started`); the sequential core's drivers start the next iteration once the last is committed."""
 
     iteration: int
+
+
+@dataclass(slots=True)
+class Update:
+    """The batch is complete: assemble these samples (whole groups, judged, none older than
+    `oldest`) and train on them. A pipelined core has already left out the groups past the
+    staleness bound (`Dropped`) and counts the batch's samples by staleness (`staleness`:
+    (versions stale, samples))."""
+
+    iteration: int
+    request_ids: tuple[str, ...]
+    oldest: int
+    staleness: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(slots=True)
+class Dropped:
+    """A pipelined core left these groups' samples out: one of each group's samples was generated
+    with a version older than `oldest` when the trainer took its next batch."""
+
     request_ids: tuple[str, ...]
     oldest: int
 
@@ -137,7 +157,7 @@ class Committed:
     generation_s: float
 
 
-Effect = Verify | Update | Publish | Reload | Committed
+Effect = Verify | Generate | Update | Dropped | Publish | Reload | Committed
 
 
 class IterationCore:

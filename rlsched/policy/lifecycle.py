@@ -20,6 +20,9 @@ An iteration: GENERATING (requests out, samples arriving and verified as they co
 (every sample is in; verifications still run) -> UPDATING -> PUBLISHING -> RELOADING (the
 instances take the new version) -> COMMITTED (its record may be written; the next one may start).
 
+A pipelined (`async`) iteration's trainer lane: IDLE -> UPDATING -> PUBLISHING -> IDLE, or
+UPDATING -> UPDATED (stepped, its publish waiting for the reload of the version before) -> PUBLISHING.
+
 A weight version: PUBLISHED (held by the weight service) -> CONFIRMED (an instance loaded it and its
 checksum matched) -> RETIRED (a newer version put it past the staleness bound: nothing may be
 generated with it any more). A version superseded before any instance confirmed it retires directly.
@@ -219,6 +222,24 @@ ITERATION_TRANSITIONS: dict[IterationPhase, frozenset[IterationPhase]] = {
 }
 
 
+class TrainerPhase(StrEnum):
+    """The training group's lane in a pipelined (`async`) iteration, beside the generating fleet."""
+
+    IDLE = "idle"
+    UPDATING = "updating"
+    UPDATED = "updated"  # stepped; its publish waits for the reload of the version before
+    PUBLISHING = "publishing"
+
+
+_T = TrainerPhase
+TRAINER_TRANSITIONS: dict[TrainerPhase, frozenset[TrainerPhase]] = {
+    _T.IDLE: frozenset({_T.UPDATING}),  # a batch of judged groups waits in the buffer
+    _T.UPDATING: frozenset({_T.UPDATED, _T.PUBLISHING}),  # stepped (publishing at once if no reload runs)
+    _T.UPDATED: frozenset({_T.PUBLISHING}),  # the previous version's reload finished
+    _T.PUBLISHING: frozenset({_T.IDLE}),  # the weight service holds it; the instances reload meanwhile
+}
+
+
 class VersionState(StrEnum):
     PUBLISHED = "published"
     CONFIRMED = "confirmed"
@@ -242,7 +263,9 @@ class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase)
+S = TypeVar(
+    "S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase, TrainerPhase
+)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
@@ -276,3 +299,7 @@ def version_transition(current: VersionState, target: VersionState) -> VersionSt
 
 def iteration_transition(current: IterationPhase, target: IterationPhase) -> IterationPhase:
     return _checked(ITERATION_TRANSITIONS, "iteration", current, target)
+
+
+def trainer_transition(current: TrainerPhase, target: TrainerPhase) -> TrainerPhase:
+    return _checked(TRAINER_TRANSITIONS, "trainer", current, target)

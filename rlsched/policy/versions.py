@@ -4,9 +4,22 @@ A version `v` is admissible while `v >= latest - max_staleness`. The rollout fle
 only to instances holding an admissible version (an instance left behind pulls the latest first),
 and the update keeps only groups whose samples were all generated at an admissible version.
 `max_staleness` 0 is on-policy: only the latest version counts.
+
+A sample's staleness is counted when it is trained: the version being trained minus the oldest
+version that sampled any of its tokens (`staleness`). The iteration runs in one of two modes
+(`PipelineMode`): `sync` generates, updates and publishes one after another; `async` keeps generating
+for the next iterations while the trainer updates, which needs `max_staleness` of at least 1 and a
+buffer of judged groups of at least one batch (`pipeline_problem` says what is wrong with a choice).
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class PipelineMode(StrEnum):
+    SYNC = "sync"  # generate, verify, update, publish, reload: one iteration after another
+    ASYNC = "async"  # generation runs ahead of training by up to max_staleness versions
 
 
 def oldest_admissible(latest: int, max_staleness: int) -> int:
@@ -18,3 +31,28 @@ def oldest_admissible(latest: int, max_staleness: int) -> int:
 
 def admissible(version: int, latest: int, max_staleness: int) -> bool:
     return version >= oldest_admissible(latest, max_staleness)
+
+
+def staleness(trained: int, oldest_token_version: int) -> int:
+    """Versions between the oldest version that sampled any token of a sample and `trained`, the
+    version the update that uses it starts from."""
+    return trained - oldest_token_version
+
+
+def pipeline_problem(
+    mode: PipelineMode, max_staleness: int, buffer_groups: int, batch_groups: int
+) -> str | None:
+    """What is wrong with a pipeline's settings, naming the fix; None when they can run."""
+    if mode is PipelineMode.SYNC:
+        return None
+    if max_staleness < 1:
+        return (
+            f"mode async with max_staleness {max_staleness} cannot overlap anything: a sample generated "
+            "while the trainer updates is one version stale; set max_staleness to 1 or more, or mode sync"
+        )
+    if buffer_groups < batch_groups:
+        return (
+            f"the buffer of {buffer_groups} group(s) is smaller than one batch ({batch_groups} groups): "
+            f"the trainer could never take a batch; set it to at least {batch_groups}"
+        )
+    return None

@@ -270,6 +270,7 @@ class SimFleet:
         self.ids: list[str] = []  # sample n's request id
         self.tokens: list[float] = []
         self.rates: list[float] = []  # tokens per second of each sample's decode
+        self.versions: list[int] = []  # the version each sample was routed at (what sampled it)
         self._then: Callable[[], None] | None = None
         self._alarm = Alarm(sim, self._on_tick)
         self._replies: list[fx.Event] = []
@@ -389,13 +390,35 @@ class SimFleet:
                 for n, rid in enumerate(self.ids)
             ]
         )
+        self.versions = [0] * len(tokens)
         self._feed(fx.Begun(self.sim.now, iteration, requests))
+
+    def start_wave(self, iteration: int, tokens: list[float], rates: list[float]) -> int:
+        """A pipelined job's next iteration: its samples queue behind those still running, numbered
+        on from them. Returns the first one's number."""
+        c = self.cfg
+        first = len(self.tokens)
+        self.tokens += tokens
+        self.rates += rates
+        self.versions += [0] * len(tokens)
+        self.ids += [str(n) for n in range(first, first + len(tokens))]
+        prompt, size = int(c.resume.prompt_tokens), c.group_size
+        requests = tuple(
+            [
+                fx.RequestSpec(self.ids[n], str(n // size), prompt, max(self.rates[n], _EPS))
+                for n in range(first, first + len(tokens))
+            ]
+        )
+        self._feed(fx.Begun(self.sim.now, iteration, requests))
+        return first
 
     def _route(self, e: fx.Route) -> None:
         inst, sim, r = self.instances[e.name], self.sim, self.cfg.resume
         now, tokens, rates, arrived, running = sim.now, self.tokens, self.rates, self._arrived, inst.running
+        version = self.core.members[e.name].version
         for rid, saved in zip(e.requests, e.resume, strict=True):
             n = int(rid)
+            self.versions[n] = min(self.versions[n], version) if saved else version  # saved: sampled before
             rate = rates[n] if rates[n] > _EPS else _EPS
             prefill = r.setup_s + (r.prompt_tokens + saved) / r.prefill_tokens_per_s if saved else 0.0
             event = sim.at(now + prefill + (tokens[n] - saved) / rate, partial(arrived, inst, n))

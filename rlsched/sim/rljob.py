@@ -84,6 +84,7 @@ from rlsched.policy.verify import (
     WorkerId,
     generation_order,
 )
+from rlsched.policy.versions import PipelineMode
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Alarm, Simulator
 from rlsched.sim.fleet import SimFleet
@@ -112,6 +113,8 @@ class SimRun:
     worker_s: dict[str, float] = field(default_factory=dict)  # provisioned worker-seconds per stage
     instances: dict[str, dict[str, float]] = field(default_factory=dict)  # elastic jobs: each one's life
     resumed: int = 0  # reclaimed samples that resumed from saved tokens
+    dropped: dict[str, int] = field(default_factory=dict)  # per async job: samples left out as too stale
+    staleness: dict[str, dict[int, int]] = field(default_factory=dict)  # per async job: trained, by staleness
     restarted: int = 0  # and those that started over
 
     def of_job(self, job: str) -> list[Span]:
@@ -176,7 +179,7 @@ class _Stage:
 
     def batches_changed(self) -> None:
         """What the jobs' batches wait for has changed (the dispatch policy reads it)."""
-        self._feed(Tick(self.sim.now, tuple(j.batch_state() for j in self.jobs if j.active)))
+        self._feed(Tick(self.sim.now, tuple(b for j in self.jobs if j.active for b in j.batch_states())))
 
     def _feed(self, event: Event) -> None:
         self._apply(self.core.handle(event))
@@ -262,6 +265,8 @@ class _Job:
         self.batch = BatchId("")  # this iteration's batch
         self.arrivals: dict[str, tuple[int, PendingVerification]] = {}  # until the core says verify
         self.reads_batches = cpu.params.policy is DispatchPolicy.DISTRS  # the only policy that does
+        self.dropped = 0  # samples left out as too stale (an async job's)
+        self.staleness: dict[int, int] = {}  # samples trained, by versions stale (an async job's)
         self.active = True
         self.core = IterationCore(
             IterationParams(
@@ -274,8 +279,8 @@ class _Job:
     def iteration(self) -> int:
         return self.core.iteration
 
-    def batch_state(self) -> BatchState:
-        return self.core.batch_state()
+    def batch_states(self) -> tuple[BatchState, ...]:
+        return (self.core.batch_state(),)
 
     def _feed(self, event: IterationEvent) -> None:
         self._apply(self.core.handle(event))
@@ -456,6 +461,15 @@ class _Job:
             self.fleet.close()
 
 
+def _job_class(cfg: SimJobConfig) -> type[_Job]:
+    """The driver of a job's iteration core: the sequential one, or the pipeline for `mode: async`."""
+    if cfg.mode is PipelineMode.ASYNC:
+        from rlsched.sim.pipelined import PipelinedJob  # it builds on this module's job
+
+        return PipelinedJob
+    return _Job
+
+
 def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
     """One run of every job of the scenario, under `policy` (default: the scenario's first)."""
     policy = policy or scenario.policies[0]
@@ -468,7 +482,7 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
     jobs = []
     for cfg in scenario.jobs:
         gpu = stages["gpu"] if cfg.verify_gpu_s is not None else None
-        job = _Job(cfg, sim, run, stages["cpu"], gpu)
+        job = _job_class(cfg)(cfg, sim, run, stages["cpu"], gpu)
         jobs.append(job)
         for stage in (stages["cpu"], gpu):
             if stage is not None:
@@ -481,6 +495,8 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
         if job.cfg.weights is not None or job.cfg.transient:  # an elastic job: each instance's life
             run.instances.update(job.fleet.lives(end))
         run.resumed += job.fleet.resumed
+        if job.staleness:
+            run.dropped[job.name], run.staleness[job.name] = job.dropped, dict(sorted(job.staleness.items()))
         run.restarted += job.fleet.restarted
     for name, stage in stages.items():
         stage.close(end)

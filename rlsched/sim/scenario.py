@@ -13,6 +13,7 @@ from rlsched.config import TimeoutConfig, TransientInstance
 from rlsched.config_load import Section, load_tree
 from rlsched.core.fleet_io import RelayParams
 from rlsched.policy.verify import DispatchPolicy
+from rlsched.policy.versions import PipelineMode, pipeline_problem
 from rlsched.sim.dists import Constant, Distribution, Uniform
 
 
@@ -119,6 +120,14 @@ class SimJobConfig(Section):
         description="requests handed to an idle instance at a time, as rollout.request_batch (unset: slots)",
     )
     max_staleness: int = Field(0, ge=0, description="versions an instance may lag the latest, as rollout's")
+    mode: PipelineMode = Field(
+        PipelineMode.SYNC,
+        description="sync: one iteration after another; async: generation runs ahead of training by up "
+        "to max_staleness versions (rlsched.core.pipeline)",
+    )
+    buffer_groups: int | None = Field(
+        None, ge=1, description="async: judged groups that may wait for the trainer (unset: one batch)"
+    )
     trainer_gpus: int = Field(2, ge=0, description="devices of the training group (what its idling costs)")
     generate_s: Distribution | None = Field(
         None, description="seconds to generate one sample (unset: tokens / tokens_per_s)"
@@ -181,6 +190,20 @@ class SimJobConfig(Section):
         if self.update_tokens_per_s is not None and not by_tokens:
             raise ValueError("update_tokens_per_s needs the token model (tokens and tokens_per_s)")
         return self
+
+    @model_validator(mode="after")
+    def _pipeline(self) -> SimJobConfig:
+        problem = pipeline_problem(
+            self.mode, self.max_staleness, self.buffer, self.samples // self.group_size
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def buffer(self) -> int:
+        """The async buffer's size in groups."""
+        return self.buffer_groups if self.buffer_groups is not None else self.samples // self.group_size
 
     @property
     def gpus(self) -> int:

@@ -475,3 +475,39 @@ def test_a_reload_never_holds_every_instance() -> None:
     c.handle(fx.PullDone(3.0, "a", 0))
     c.handle(fx.Published(4.0, 1))
     assert only(c.handle(fx.ReloadAsked(5.0, hold=("a",))), fx.StartPull) == [fx.StartPull("a", 1, RELOAD)]
+
+
+def test_a_pipelined_iterations_requests_queue_behind_the_running_ones() -> None:
+    c = core(ready=1, request_batch=2)
+    c.handle(fx.Begun(0.0, 1, reqs(3)))  # r0 r1 run, r2 waits
+    nxt = tuple(fx.RequestSpec(f"s{i}", f"next-{i}", 2) for i in range(2))
+    assert c.handle(fx.Begun(0.5, 2, nxt)) == []
+    assert list(c.pending) == ["r2", "s0", "s1"] and c.outstanding == 5 and c.iteration == 2
+    for rid in ("r0", "r1"):
+        c.handle(fx.Arrived(1.0, "rollout-0", rid))
+    assert c.handle(fx.StreamEnded(1.0, "rollout-0")) == [fx.Route("rollout-0", ("r2", "s0"), 2, (0, 0))]
+
+
+def test_a_reload_mid_batch_lets_the_batch_finish_on_its_version_then_pulls() -> None:
+    c = core(ready=2, request_batch=2, max_staleness=1)
+    c.handle(fx.Begun(0.0, 1, reqs(2)))  # r0 r1 on rollout-0; rollout-1 idle
+    c.handle(fx.Published(1.0, 1))
+    assert c.handle(fx.ReloadAsked(1.0)) == [fx.StartPull("rollout-1", 1, RELOAD)]
+    assert c.reloading == {"rollout-0", "rollout-1"}
+    c.handle(fx.PullDone(2.0, "rollout-1", 1))
+    assert c.handle(fx.Arrived(2.5, "rollout-0", "r0")) == [fx.Accepted("rollout-0", "r0", None)]
+    c.handle(fx.Arrived(3.0, "rollout-0", "r1"))
+    assert c.handle(fx.StreamEnded(3.0, "rollout-0")) == [fx.StartPull("rollout-0", 1, RELOAD)]
+    assert only(c.handle(fx.PullDone(4.0, "rollout-0", 1)), fx.ReloadDone) == [fx.ReloadDone()]
+    assert c.serving_versions() == {"rollout-0": 1, "rollout-1": 1}
+
+
+def test_an_instance_that_drains_mid_reload_no_longer_holds_the_reload_up() -> None:
+    c = core(ready=1, request_batch=2, max_staleness=1)
+    c.handle(fx.Begun(0.0, 1, reqs(2)))
+    c.handle(fx.Published(1.0, 1))
+    c.handle(fx.ReloadAsked(1.0))
+    c.handle(fx.Scaled(1.5, remove=("rollout-0",)))
+    for rid in ("r0", "r1"):
+        c.handle(fx.Arrived(2.0, "rollout-0", rid))
+    assert fx.ReloadDone() in c.handle(fx.StreamEnded(2.0, "rollout-0")) and c.reloading is None

@@ -13,6 +13,7 @@ from rlsched.policy.lifecycle import (
     ITERATION_TRANSITIONS,
     JOB_TRANSITIONS,
     SLOT_TRANSITIONS,
+    TRAINER_TRANSITIONS,
     VERIFY_TRANSITIONS,
     VERSION_TRANSITIONS,
     IllegalTransition,
@@ -20,11 +21,13 @@ from rlsched.policy.lifecycle import (
     IterationPhase,
     JobState,
     SlotState,
+    TrainerPhase,
     VerifyState,
     VersionState,
     iteration_transition,
     job_transition,
     slot_transition,
+    trainer_transition,
     transition,
     verify_transition,
     version_transition,
@@ -37,6 +40,7 @@ TABLES: list[tuple[type[StrEnum], dict[Any, frozenset[Any]], Callable[[Any, Any]
     (JobState, JOB_TRANSITIONS, job_transition),
     (VersionState, VERSION_TRANSITIONS, version_transition),
     (IterationPhase, ITERATION_TRANSITIONS, iteration_transition),
+    (TrainerPhase, TRAINER_TRANSITIONS, trainer_transition),
 ]
 
 

@@ -1,0 +1,390 @@
+"""The pipelined (`async`) iteration as a state core: generation runs ahead of training by up to
+`max_staleness` versions, judged groups wait in a buffer, and the trainer takes a batch whenever it
+is free.
+
+It speaks the sequential core's events and effects (`rlsched.core.iteration`), so a driver feeds it
+the same `Started`, `SampleArrived`, `Judged`, `Updated`, `VersionPublished` and `Reloaded`, and
+carries out `Verify`, `Update`, `Publish`, `Reload` and `Committed`; it adds `Generate`, the word
+that the next iteration's requests may go out. Two lanes run side by side:
+
+- Generation. Iteration `w`'s requests (its wave) may go out once the instances hold version
+  `w - 1 - max_staleness` or newer, so that trained in step `w` its samples are at most
+  `max_staleness` versions stale, and while the buffer has room. Each sample is verified as it
+  arrives (or, with `overlap` off, once its wave's last sample is in). A GRPO group whose members
+  are all in and judged joins the buffer.
+- Training. When the trainer is idle and the buffer holds a batch (`batch_groups` groups), it takes
+  the oldest groups first (by iteration, then by when they were judged). It waits, though, while a
+  group still in flight would be past the bound by the next step (its iteration went out when the
+  instances held a version that old): taking newer groups first would only have it dropped. A group
+  with any sample past the bound (`rlsched.policy.versions.staleness`
+  of its oldest token's version against the version being trained) is dropped whole, since the group
+  is its own baseline, and named in a `Dropped` effect. The step updates, publishes (after the reload
+  of the version before, so one reload runs at a time) and is `Committed` once every instance
+  reloaded; the trainer may start the next step while the instances reload.
+
+Each span a driver records carries the iteration it serves: a generated sample its wave's, an update
+its step's. `Committed.started` is the previous commit, so iteration spans tile the timeline and the
+steady-state t_iter is the time between commits. The buffer counts groups, never requests in flight;
+generation pauses while it is full (it may then pass its size by the groups already in flight).
+
+Lifecycle: the trainer lane's `TrainerPhase` (`rlsched.policy.lifecycle`), each move checked.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlsched.core.iteration import (
+    Committed,
+    Dropped,
+    Effect,
+    Event,
+    Generate,
+    Judged,
+    Offered,
+    Publish,
+    Reload,
+    Reloaded,
+    SampleArrived,
+    Started,
+    Update,
+    Updated,
+    Verify,
+    VersionPublished,
+)
+from rlsched.core.trace import Trace
+from rlsched.policy.lifecycle import TRAINER_TRANSITIONS, TrainerPhase, trainer_transition
+from rlsched.policy.verify import BatchId, BatchState
+from rlsched.policy.versions import PipelineMode, oldest_admissible, pipeline_problem, staleness
+
+_T = TrainerPhase
+
+
+@dataclass(frozen=True)
+class PipelineParams:
+    batch_groups: int  # GRPO groups per training step
+    group_size: int  # samples per group (a wave's requests come group by group)
+    max_staleness: int  # k >= 1: versions a trained sample may lag the version being trained
+    buffer_groups: int  # judged groups that may wait for the trainer (at least one batch)
+    overlap: bool = True  # verify each sample as it arrives (off: a wave's once its last is in)
+    cost_rate: float = 1.0  # devices of the training group left idle while it waits for a batch
+    batch_prefix: str = "iter-"  # wave w's batch is `{batch_prefix}{w}`
+    kind: str = "default"  # the verifier kind its batch states carry
+
+    def __post_init__(self) -> None:
+        if self.batch_groups < 1 or self.group_size < 1:
+            raise ValueError("a pipeline needs at least one group of at least one sample per batch")
+        problem = pipeline_problem(
+            PipelineMode.ASYNC, self.max_staleness, self.buffer_groups, self.batch_groups
+        )
+        if problem is not None:
+            raise ValueError(problem)
+
+
+@dataclass(slots=True)
+class _Group:
+    wave: int
+    members: tuple[str, ...]
+    arrived: dict[str, int] = field(default_factory=dict)  # request -> oldest version of its tokens
+    judged: set[str] = field(default_factory=set)
+    done_at: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.arrived) == len(self.members) and len(self.judged) == len(self.members)
+
+    @property
+    def oldest(self) -> int:
+        return min(self.arrived.values())
+
+
+@dataclass(slots=True)
+class _Wave:
+    iteration: int
+    started: float
+    requests: int
+    floor: int  # the version every serving instance held when it went out
+    open_groups: int  # groups not yet in and judged
+    arrived: int = 0
+    unjudged: int = 0  # arrived, not yet judged
+    held: list[str] = field(default_factory=list)  # `overlap` off: until its last sample is in
+
+
+@dataclass(slots=True)
+class _Step:
+    iteration: int
+    oldest: int  # the oldest version any of its samples was generated with
+    first_wave_started: float
+    last_arrival: float
+
+
+class PipelineCore:
+    def __init__(self, params: PipelineParams, version: int = 0, at: float = 0.0) -> None:
+        self.params = params
+        self.version = version  # the newest published
+        self.reloaded = version  # what every serving instance holds
+        self.trained = version  # what the trainer holds: the version its next update starts from
+        self.trainer = _T.IDLE
+        self.reloading = False
+        self.next_wave = 1
+        self.steps = 0  # steps taken (updates asked for)
+        self.committed = 0  # steps committed
+        self.last_commit = at
+        self.waves: dict[int, _Wave] = {}  # waves with samples still to arrive or be judged
+        self.groups: dict[str, _Group] = {}  # request -> its group, until the group is buffered
+        self.buffer: list[_Group] = []  # oldest iteration first, then by when judged
+        self._judged_groups = 0
+        self.buffer_peak = 0
+        self.dropped_groups = 0
+        self.stale_histogram: Counter[int] = Counter()  # samples trained, by versions stale
+        self.unexpected = 0
+        self.last_generation_s: float | None = None
+        self._arrival_at: dict[str, float] = {}
+        self._wave_started: dict[int, float] = {}
+        self._announced = False  # a Generate is out and its Started not yet in
+        self._running: deque[_Step] = deque()  # steps asked for and not yet committed, in order
+        self._out: list[Effect] = []
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            SampleArrived: lambda e: self._on_arrival(e.at, e.request_id, e.version),
+            Judged: lambda e: self._on_verdict(e.at, e.request_id),
+            Started: self._started,
+            Offered: self._offered,
+            Updated: self._updated,
+            VersionPublished: self._published,
+            Reloaded: self._reloaded,
+        }
+
+    def start(self) -> list[Effect]:
+        """The first waves that may go out (those the staleness bound allows before any update)."""
+        self._maybe_generate()
+        return self._take()
+
+    def handle(self, event: Event) -> list[Effect]:
+        """Take in one event; the effects, in the order they are to be carried out."""
+        self._handlers[type(event)](event)
+        return self._take()
+
+    def sample_arrived(self, at: float, rid: str, version: int) -> list[Effect]:
+        """`handle(SampleArrived(...))` without the event around it (the simulator's per-sample call)."""
+        self._on_arrival(at, rid, version)
+        return self._take()
+
+    def judged_now(self, at: float, rid: str) -> list[Effect]:
+        """`handle(Judged(...))` without the event around it (the simulator's per-sample call)."""
+        self._on_verdict(at, rid)
+        return self._take()
+
+    # -- what drivers read -----------------------------------------------------------------------
+
+    @property
+    def iteration(self) -> int:
+        """The newest wave sent out."""
+        return self.next_wave - 1
+
+    def batch_id(self, wave: int) -> BatchId:
+        return BatchId(f"{self.params.batch_prefix}{wave}")
+
+    def wave_of(self, rid: str) -> int:
+        group = self.groups.get(rid)
+        return group.wave if group is not None else self.iteration
+
+    def batch_states(self) -> tuple[BatchState, ...]:
+        """Each wave still waited for, as the verifier pool's dispatch policy reads a batch."""
+        last = self.last_generation_s
+        return tuple(
+            BatchState(
+                self.batch_id(w.iteration),
+                cost_rate=self.params.cost_rate,
+                outstanding=w.requests - w.arrived,
+                generation_end=None if last is None else w.started + last,
+                kind=self.params.kind,
+            )
+            for w in self.waves.values()
+        )
+
+    @property
+    def waiting(self) -> bool:
+        """Samples are still to arrive or to be judged."""
+        return bool(self.waves)
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def _maybe_generate(self) -> None:
+        """Send out every wave the staleness bound and the buffer allow now."""
+        p = self.params
+        while (
+            self.next_wave - 1 - p.max_staleness <= self.reloaded
+            and len(self.buffer) < p.buffer_groups
+            and not self._announced
+        ):
+            self._announced = True
+            self._out.append(Generate(self.next_wave))
+
+    def _started(self, e: Started) -> None:
+        p = self.params
+        if not e.requests or len(e.requests) % p.group_size:
+            raise ValueError(
+                f"iteration {e.iteration} asks for {len(e.requests)} samples, "
+                f"not whole groups of {p.group_size}"
+            )
+        if e.iteration != self.next_wave:
+            raise ValueError(f"iteration {e.iteration} started, but the pipeline's next is {self.next_wave}")
+        self._announced = False
+        self.next_wave += 1
+        groups = len(e.requests) // p.group_size
+        self.waves[e.iteration] = _Wave(e.iteration, e.at, len(e.requests), self.reloaded, groups)
+        self._wave_started[e.iteration] = e.at
+        for i in range(0, len(e.requests), p.group_size):
+            members = tuple(e.requests[i : i + p.group_size])
+            group = _Group(e.iteration, members)
+            for rid in members:
+                self.groups[rid] = group
+        self._maybe_generate()
+
+    def _offered(self, e: Offered) -> None:
+        """Samples finished outside the job's requests: each its own group in the newest wave."""
+        wave = self.waves.get(self.iteration)
+        if wave is None:
+            self.unexpected += len(e.samples)
+            return
+        for rid, version in e.samples:
+            if rid in self.groups:
+                self.unexpected += 1
+                continue
+            wave.requests += 1
+            wave.open_groups += 1
+            self.groups[rid] = _Group(wave.iteration, (rid,))
+            self._on_arrival(e.at, rid, version)
+
+    def _on_arrival(self, at: float, rid: str, version: int) -> None:
+        group = self.groups.get(rid)
+        if group is None or rid in group.arrived:
+            self.unexpected += 1
+            return
+        group.arrived[rid] = version
+        self._arrival_at[rid] = at
+        wave = self.waves[group.wave]
+        wave.arrived += 1
+        wave.unjudged += 1
+        if self.params.overlap:
+            self._out.append(Verify((rid,)))
+        else:
+            wave.held.append(rid)
+        if wave.arrived == wave.requests:
+            self.last_generation_s = at - wave.started
+            if wave.held:
+                held, wave.held = wave.held, []
+                self._out.append(Verify(tuple(held)))
+
+    def _on_verdict(self, at: float, rid: str) -> None:
+        group = self.groups.get(rid)
+        if group is None or rid not in group.arrived or rid in group.judged:
+            self.unexpected += 1
+            return
+        group.judged.add(rid)
+        wave = self.waves[group.wave]
+        wave.unjudged -= 1
+        if wave.arrived == wave.requests and wave.unjudged == 0:
+            del self.waves[group.wave]
+        if group.complete:
+            group.done_at = at
+            wave.open_groups -= 1
+            for member in group.members:
+                del self.groups[member]
+            self._judged_groups += 1
+            insort(self.buffer, group, key=lambda g: (g.wave, g.done_at))
+            self.buffer_peak = max(self.buffer_peak, len(self.buffer))
+            self._maybe_update()
+
+    # -- training ---------------------------------------------------------------------------------
+
+    def _to(self, phase: TrainerPhase) -> None:
+        if phase not in TRAINER_TRANSITIONS[self.trainer]:
+            trainer_transition(self.trainer, phase)  # raises, naming the edges allowed
+        self.trainer = phase
+
+    def _maybe_update(self) -> None:
+        """An idle trainer takes the oldest batch of groups, the stale ones dropped first."""
+        p = self.params
+        if self.trainer is not _T.IDLE:
+            return
+        oldest = oldest_admissible(self.trained, p.max_staleness)
+        dropped = [g for g in self.buffer if g.oldest < oldest]
+        if dropped:
+            self.buffer = [g for g in self.buffer if g.oldest >= oldest]
+            self.dropped_groups += len(dropped)
+            for rid in _ids(dropped):
+                self._arrival_at.pop(rid, None)
+            self._out.append(Dropped(_ids(dropped), oldest))
+            self._maybe_generate()
+        if len(self.buffer) < p.batch_groups or self._waits_for_old_groups():
+            return
+        batch, self.buffer = self.buffer[: p.batch_groups], self.buffer[p.batch_groups :]
+        histogram = Counter(staleness(self.trained, v) for g in batch for v in g.arrived.values())
+        self.stale_histogram.update(histogram)
+        self.steps += 1
+        rids = _ids(batch)
+        self._running.append(
+            _Step(
+                self.steps,
+                min(g.oldest for g in batch),
+                min(self._wave_started[g.wave] for g in batch),
+                max(self._arrival_at.pop(r) for r in rids),
+            )
+        )
+        self._to(_T.UPDATING)
+        self._out.append(Update(self.steps, rids, oldest, tuple(sorted(histogram.items()))))
+        self._maybe_generate()
+
+    def _waits_for_old_groups(self) -> bool:
+        """A group still in flight would be past the bound at the next step, and the batch at hand
+        holds groups newer than it."""
+        next_oldest = oldest_admissible(self.trained + 1, self.params.max_staleness)
+        at_risk = [w.iteration for w in self.waves.values() if w.open_groups and w.floor < next_oldest]
+        return bool(at_risk) and self.buffer[self.params.batch_groups - 1].wave > min(at_risk)
+
+    def _updated(self, e: Updated) -> None:
+        self.trained += 1
+        if self.reloading:
+            self._to(_T.UPDATED)  # one reload at a time: this publish waits for it
+        else:
+            self._publish()
+
+    def _publish(self) -> None:
+        self._to(_T.PUBLISHING)
+        self._out.append(Publish(self.trained))
+
+    def _published(self, e: VersionPublished) -> None:
+        self._to(_T.IDLE)
+        self.version = e.version
+        self.reloading = True
+        self._out.append(Reload(e.version))
+        self._maybe_update()  # the trainer may step again while the instances reload
+
+    def _reloaded(self, e: Reloaded) -> None:
+        self.reloading = False
+        self.reloaded = self.version
+        step = self._running.popleft()
+        self.committed += 1
+        started, self.last_commit = self.last_commit, e.at
+        self._out.append(
+            Committed(step.iteration, step.oldest, started, step.last_arrival - step.first_wave_started)
+        )
+        if self.trainer is _T.UPDATED:
+            self._publish()
+        self._maybe_generate()
+
+    def _take(self) -> list[Effect]:
+        out, self._out = self._out, []
+        return out
+
+
+def _ids(groups: list[_Group]) -> tuple[str, ...]:
+    return tuple(r for g in groups for r in g.members)
+
+
+PipelineTrace = Trace[PipelineCore, Event, Effect]
