@@ -55,6 +55,7 @@ from rlsched.policy.verify import DispatchPolicy, generation_order
 from rlsched.rl.assemble import assemble
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
+from rlsched.rl.grpo import LossStats, importance
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
 from rlsched.rl.update import TrainItem
@@ -288,11 +289,12 @@ class JobController:
         self.consumed = [(r, "used" if r in used else "left_out") for r in update.request_ids]
         return batch.items, {"faults": batch.faults, "stale_dropped": batch.stale_dropped}
 
-    def update(self, iteration: int, items: list[TrainItem]) -> float:
+    def update(self, iteration: int, items: list[TrainItem]) -> LossStats:
+        """The training group's steps on the batch (`grpo.minibatches` of them); their figures."""
         stats, start, end = self.group.update(items)
-        attrs = {"lane": "trainer", "samples": len(items)}
+        attrs = {"lane": "trainer", "samples": len(items), "steps": self.cfg.grpo.minibatches}
         self.spans.append(Span(SpanKind.UPDATE, f"update-{iteration}", start, end, iteration, attrs))
-        return stats.loss
+        return stats
 
     def publish(self, iteration: int, version: int) -> PublishedVersion:
         start = self.clock()
@@ -410,7 +412,7 @@ class JobController:
         episode_items, episode_counts = self.episodes(iteration)  # the endpoint's, if it runs
         episode_counts |= judged
         items = [*items, *episode_items]
-        loss = self.update(iteration, items)  # 4
+        stats = self.update(iteration, items)  # 4
         self._feed(it.Updated(self.clock()))
         meta = self.publish(iteration, phases.take(it.Publish).version)  # 5
         self._feed(it.VersionPublished(self.clock(), meta.version))
@@ -428,8 +430,9 @@ class JobController:
             "verifier_pool": asdict(self.verification.pool.counts),  # since the job started
             "fleet": asdict(self.fleet.counts),  # since the job started
             "serving": sorted(self.fleet.serving()),
+            "importance": importance(stats, self.cfg.grpo),
         } | ({"endpoint": episode_counts} if self.endpoint is not None else {})
-        return record_of(iteration, version, samples, outcomes, len(items), counts, loss, extra)  # 7
+        return record_of(iteration, version, samples, outcomes, len(items), counts, stats.loss, extra)  # 7
 
     # -- evaluation, the trained policy and shutdown ----------------------------------------------
 

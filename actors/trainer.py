@@ -38,7 +38,7 @@ from rlsched.model.checkpoint import checksum, load_checkpoint
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.rank import RankTrainer
 from rlsched.rl.sharding import RANK_ENV, join_group, rank_device
-from rlsched.rl.update import TrainItem
+from rlsched.rl.update import TrainItem, minibatches
 from rlsched.transfer.service import WeightService
 
 FAULT_GRACE_S = 5.0  # after one rank fails, how long the others have to answer before they are named
@@ -91,10 +91,12 @@ class TrainerRank:
         assert self.trainer is not None, "join the process group first"
         return self.trainer
 
-    def update(self, items: Sequence[TrainItem], token_count: float) -> tuple[LossStats, float, float]:
-        """One GRPO step on this rank's shard; returns its stats and the span (start, end)."""
+    def update(
+        self, parts: Sequence[Sequence[TrainItem]], token_counts: Sequence[float]
+    ) -> tuple[LossStats, float, float]:
+        """A batch's GRPO steps (one per minibatch) on this rank's share; its stats and the span."""
         start = time.monotonic()
-        stats = self._trainer().step(items, token_count)
+        stats = self._trainer().step_batch(parts, token_counts)
         return stats, start, time.monotonic()
 
     def serve_weights(self, cfg: WeightsConfig) -> str:
@@ -217,7 +219,7 @@ class TrainingGroup:
         seed: int,
         pg: PlacementGroup | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.cfg, self.grpo = cfg, grpo
         self.owns_pg = pg is None  # the cluster scheduler's group is removed by the scheduler
         self.pg = reserve_gang(cfg) if pg is None else pg
         self.ranks = [
@@ -233,17 +235,14 @@ class TrainingGroup:
         self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
 
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
-        tokens = sum(i.trained_tokens for i in items)
-        shards = [list(items[i :: len(self.ranks)]) for i in range(len(self.ranks))]
-        refs = [r.update.remote(s, tokens) for r, s in zip(self.ranks, shards, strict=True)]
+        batches = minibatches(items, self.grpo.minibatches)
+        tokens = [sum(i.trained_tokens for i in mb) for mb in batches]
+        world = len(self.ranks)
+        refs = [r.update.remote([mb[k::world] for mb in batches], tokens) for k, r in enumerate(self.ranks)]
         results = answers(refs, "update")
-        parts = [r[0] for r in results]  # each rank's figures are its shares of the one token-level mean
-        stats = LossStats(
-            loss=sum(p.loss for p in parts),
-            clip_fraction=sum(p.clip_fraction for p in parts),
-            kl=sum(p.kl for p in parts),
-            mean_ratio=sum(p.mean_ratio for p in parts),
-        )
+        stats = results[0][0]  # each rank's figures are its shares of the one token-level mean
+        for r in results[1:]:
+            stats = stats.plus(r[0])
         return stats, min(r[1] for r in results), max(r[2] for r in results)
 
     def publish(self, version: int) -> PublishedVersion:

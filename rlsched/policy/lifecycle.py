@@ -263,9 +263,7 @@ class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar(
-    "S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase, TrainerPhase
-)
+S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase, TrainerPhase)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:

@@ -36,7 +36,7 @@ from rlsched.rl.grpo import LossStats
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
-from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
+from rlsched.rl.update import TrainItem, TrainOptions, minibatches, prepare_policy, update_batch
 from verifiers.loading import VerifierSet
 from verifiers.protocol import Outcome, Verdict, Verifier, VerifyRequest
 
@@ -162,10 +162,14 @@ class GRPOLoop:
                     self._feed(it.Judged(time.monotonic(), rid))
         return samples, outcomes
 
-    def update(self, items: list[TrainItem]) -> LossStats:
-        return grpo_update(
-            self.policy, self.optimizer, items, self.cfg.grpo, options=self.options, reference=self.reference
-        )
+    def update(self, items: list[TrainItem], step: int) -> LossStats:
+        """Iteration `step`'s optimizer steps, one per minibatch (`rlsched.rl.update.update_batch`)."""
+        grpo = self.cfg.grpo
+        parts = minibatches(items, grpo.minibatches)
+        return update_batch(
+            self.policy, self.optimizer, parts, grpo, steps_done=step * grpo.minibatches,
+            options=self.options, reference=self.reference,
+        )  # fmt: skip
 
     def publish(self, version: int) -> str:
         """The new version's BF16 bytes go to the engine, as they go to remote instances."""
@@ -174,9 +178,6 @@ class GRPOLoop:
         if loaded != checksum(blob):
             raise RuntimeError("engine confirmed a different checksum than was published")
         return loaded
-
-    def _set_lr(self, step: int) -> None:
-        set_warmup_lr(self.optimizer, self.cfg.grpo, step)
 
     def step(self, step: int) -> StepRecord:
         phase: dict[str, float] = {}
@@ -199,8 +200,7 @@ class GRPOLoop:
         update = self.phases.take(it.Update)
         ids = [RequestId(r) for r in update.request_ids]
         batch = assemble(ids, samples, outcomes, self.cfg.grpo.group_size, update.oldest)  # 3
-        self._set_lr(step)
-        stats = self.update(batch.items) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)  # 4
+        stats = self.update(batch.items, step) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)  # 4
         self._feed(it.Updated(time.monotonic()))
         phase["update"] = time.monotonic() - t
         t = time.monotonic()

@@ -35,7 +35,7 @@ from rlsched.rl.sharding import (
     shard,
 )
 from rlsched.rl.train_state import load_state, save_state
-from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, prepare_policy, set_warmup_lr
+from rlsched.rl.update import TrainItem, TrainOptions, prepare_policy, update_batch
 
 
 def _available(device: torch.device, cfg: TrainerConfig) -> tuple[int | None, str]:
@@ -62,19 +62,26 @@ class RankTrainer:
 
     def step(self, items: Sequence[TrainItem], token_count: float) -> LossStats:
         """One GRPO step on this rank's shard; its shares of the batch's loss figures."""
-        set_warmup_lr(self.optimizer, self.grpo, self.steps)
-        with collective_fault(self.rank, f"training step {self.steps + 1}"):
-            stats = grpo_update(
+        return self.step_batch([items], [token_count])
+
+    def step_batch(self, parts: Sequence[Sequence[TrainItem]], token_counts: Sequence[float]) -> LossStats:
+        """A batch's update: one GRPO step per minibatch, on this rank's share of each
+        (`rlsched.rl.update.update_batch`); its shares of the loss figures, averaged over the steps."""
+        first, last = self.steps + 1, self.steps + len(parts)
+        steps = f"training step {first}" if first == last else f"training steps {first}-{last}"
+        with collective_fault(self.rank, steps):
+            stats = update_batch(
                 self.policy,
                 self.optimizer,
-                items,
+                parts,
                 self.grpo,
+                steps_done=self.steps,
+                token_counts=token_counts,
                 options=self.options,
-                token_count=token_count,
                 reduce_grads=None if self.cfg.sharded else all_reduce_grads,
                 agree_passes=(lambda n: agreed_passes(n, self.device)) if self.cfg.sharded else None,
             )
-        self.steps += 1
+        self.steps += len(parts)
         return stats
 
     def published(self, *, everywhere: bool = False) -> bytearray | None:

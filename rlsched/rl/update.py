@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from rlsched.config import GRPOConfig, Precision, TrainerConfig
+from rlsched.config import Correction, GRPOConfig, Precision, TrainerConfig
 from rlsched.rl.batching import PackedBatch, micro_batches, pack, sequence_logprobs
-from rlsched.rl.grpo import LossStats, grpo_loss
+from rlsched.rl.grpo import LossStats, grpo_loss, mean_of
 from rlsched.rl.sharding import idle_pass
 
 
@@ -46,6 +46,9 @@ class TrainItem:
     # per token of `token_ids`, 1 where the loss is taken; empty: every token. A multi-turn episode
     # masks what the model did not sample (tool results, the template's tokens between turns)
     mask: tuple[float, ...] = ()
+    # per token of `token_ids`, the proximal policy's log-probs (the trainer's before this batch's
+    # first optimizer step); filled by `update_batch` when the correction needs them
+    prox_logprobs: tuple[float, ...] = ()
 
     @property
     def trained_tokens(self) -> float:
@@ -97,11 +100,11 @@ def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> list[tuple[list[T
     return out
 
 
-def _old_logprobs(items: Sequence[TrainItem], batch: PackedBatch) -> torch.Tensor:
-    old = torch.zeros_like(batch.loss_mask)
-    for row, (item, sl) in enumerate(zip(items, batch.completion_slices, strict=True)):
-        old[row, sl] = torch.tensor(item.logprobs)
-    return old
+def _per_token(values: Sequence[tuple[float, ...]], batch: PackedBatch) -> torch.Tensor:
+    out = torch.zeros_like(batch.loss_mask)
+    for row, (v, sl) in enumerate(zip(values, batch.completion_slices, strict=True)):
+        out[row, sl] = torch.tensor(v)
+    return out
 
 
 def _micro_step(
@@ -119,9 +122,13 @@ def _micro_step(
             with torch.no_grad():
                 ref = sequence_logprobs(reference, batch)
         new = sequence_logprobs(policy, batch)
+    proximal = cfg.correction in (Correction.NONE, Correction.DECOUPLED)
+    if proximal and any(len(i.prox_logprobs) != len(i.token_ids) for i in items):
+        raise ValueError(f"correction {cfg.correction} needs the proximal log-probs: run update_batch")
+    prox = _per_token([i.prox_logprobs for i in items], batch) if proximal else None
     loss, stats = grpo_loss(
         new,
-        _old_logprobs(items, batch),
+        _per_token([i.logprobs for i in items], batch),
         torch.tensor([i.advantage for i in items], device=opts.device),
         batch.loss_mask,
         clip_low=cfg.clip_low,
@@ -129,16 +136,12 @@ def _micro_step(
         ref_logp=ref,
         kl_coef=cfg.kl_coef,
         token_count=token_count,
+        correction=cfg.correction,
+        prox_logp=prox,
+        cap=cfg.importance_cap,
     )
     loss.backward()
     return stats
-
-
-def _add(a: LossStats, b: LossStats) -> LossStats:
-    """Every field is a share of one mean over the whole batch's tokens, so shares add up."""
-    return LossStats(
-        a.loss + b.loss, a.clip_fraction + b.clip_fraction, a.kl + b.kl, a.mean_ratio + b.mean_ratio
-    )
 
 
 def grpo_update(
@@ -164,7 +167,7 @@ def grpo_update(
     chunks = _chunks(items, opts)
     passes = agree_passes(len(chunks)) if agree_passes is not None else len(chunks)
     for chunk, batch in chunks:
-        stats = _add(stats, _micro_step(policy, reference, chunk, batch, cfg, opts, total))
+        stats = stats.plus(_micro_step(policy, reference, chunk, batch, cfg, opts, total))
     for _ in range(passes - len(chunks)):
         with _autocast(opts):
             idle_pass(policy, opts.pad_id, opts.device)
@@ -177,3 +180,76 @@ def grpo_update(
     torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
     optimizer.step()
     return stats
+
+
+# -- a batch: the proximal policy, then one optimizer step per minibatch ----------------------------
+
+
+def minibatches(items: Sequence[TrainItem], count: int) -> list[list[TrainItem]]:
+    """The batch's `count` minibatches: item i goes to minibatch i mod count."""
+    return [list(items[m::count]) for m in range(count)]
+
+
+def with_proximal(
+    policy: Any,
+    items: Sequence[TrainItem],
+    opts: TrainOptions,
+    agree_passes: Callable[[int], int] | None = None,
+) -> list[TrainItem]:
+    """`items` with the policy's own log-probs of their completion tokens (`prox_logprobs`), taken
+    before any step on them; ranks of a sharded policy make the same number of forward passes."""
+    out: dict[int, TrainItem] = {}
+    chunks = _chunks(items, opts)
+    passes = agree_passes(len(chunks)) if agree_passes is not None else len(chunks)
+    index = {id(item): n for n, item in enumerate(items)}
+    with torch.no_grad():
+        for chunk, batch in chunks:
+            with _autocast(opts):
+                logp = sequence_logprobs(policy, batch).float().cpu()
+            for row, (item, sl) in enumerate(zip(chunk, batch.completion_slices, strict=True)):
+                out[index[id(item)]] = replace(item, prox_logprobs=tuple(logp[row, sl].tolist()))
+        for _ in range(passes - len(chunks)):
+            with _autocast(opts):
+                policy(input_ids=torch.tensor([[opts.pad_id]], device=opts.device), use_cache=False)
+    return [out[n] for n in range(len(items))]
+
+
+def update_batch(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    parts: Sequence[Sequence[TrainItem]],
+    cfg: GRPOConfig,
+    *,
+    steps_done: int,
+    token_counts: Sequence[float] | None = None,
+    options: TrainOptions | None = None,
+    reference: Any | None = None,
+    reduce_grads: Callable[[Any], None] | None = None,
+    agree_passes: Callable[[int], int] | None = None,
+) -> LossStats:
+    """One batch's update: the proximal policy's log-probs first where the correction needs them,
+    then one optimizer step per minibatch of `parts` (this rank's share of each, with the whole
+    minibatch's token count), its learning rate by the steps done before it."""
+    opts = options or TrainOptions()
+    if cfg.correction in (Correction.NONE, Correction.DECOUPLED):
+        flat = with_proximal(policy, [i for part in parts for i in part], opts, agree_passes)
+        sizes = [len(part) for part in parts]
+        parts = [flat[sum(sizes[:m]) : sum(sizes[: m + 1])] for m in range(len(parts))]
+    counts = token_counts or [sum(i.trained_tokens for i in part) for part in parts]
+    figures = []
+    for m, (part, tokens) in enumerate(zip(parts, counts, strict=True)):
+        set_warmup_lr(optimizer, cfg, steps_done + m)
+        figures.append(
+            grpo_update(
+                policy,
+                optimizer,
+                part,
+                cfg,
+                options=opts,
+                reference=reference,
+                token_count=tokens,
+                reduce_grads=reduce_grads,
+                agree_passes=agree_passes,
+            )
+        )
+    return mean_of(figures)

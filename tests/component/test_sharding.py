@@ -18,7 +18,7 @@ from rlsched.errors import CollectiveFault
 from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
 from rlsched.rl.rank import RankTrainer
 from rlsched.rl.sharding import join_group
-from rlsched.rl.update import TrainItem
+from rlsched.rl.update import TrainItem, minibatches
 
 pytestmark = pytest.mark.slow  # each scenario spawns two processes that import torch
 
@@ -41,28 +41,34 @@ def _items(n: int, seed: int = 0) -> list[TrainItem]:
     return out
 
 
-def _rank(rank: int, address: str, overrides: dict[str, Any], steps: int, queue: Any) -> None:
+def _rank(
+    rank: int, address: str, overrides: dict[str, Any], steps: int, queue: Any, grpo_kw: dict[str, Any]
+) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = TrainerConfig(ranks=WORLD, micro_batch_tokens=64, **overrides)
     join_group(address, rank, WORLD, cfg.collective_timeout_s, torch.device("cpu"))
-    grpo = GRPOConfig(lr=1e-2, warmup_steps=0)
+    grpo = GRPOConfig(lr=1e-2, warmup_steps=0, **grpo_kw)
     trainer = RankTrainer(rank, WORLD, load_checkpoint(None).model, 3, grpo, cfg)
     items = _items(5)
-    total = float(sum(len(i.token_ids) for i in items))
+    parts = minibatches(items, grpo.minibatches)  # as the training group splits a batch
+    totals = [float(sum(len(i.token_ids) for i in part)) for part in parts]
     losses = []
-    for _ in range(steps):
-        losses.append(trainer.step(items[rank::WORLD], total).loss)  # rank 0: 3 items, rank 1: 2
+    for _ in range(steps):  # rank 0: 3 items, rank 1: 2 (of one minibatch)
+        losses.append(trainer.step_batch([part[rank::WORLD] for part in parts], totals).loss)
     blob = trainer.published()  # as bytes: a tensor's shared memory would die with this process
     queue.put((rank, losses, trainer.held(), None if blob is None else bytes(blob)))
     dist.destroy_process_group()
 
 
-def _run(overrides: dict[str, Any], steps: int = 2) -> dict[int, tuple[list[float], Any, Any]]:
+def _run(
+    overrides: dict[str, Any], steps: int = 2, grpo_kw: dict[str, Any] | None = None
+) -> dict[int, tuple[list[float], Any, Any]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     address = _address()
-    procs = [ctx.Process(target=_rank, args=(r, address, overrides, steps, queue)) for r in range(WORLD)]
+    args = (address, overrides, steps, queue, grpo_kw or {})
+    procs = [ctx.Process(target=_rank, args=(r, *args)) for r in range(WORLD)]
     for p in procs:
         p.start()
     out = {}
@@ -97,6 +103,18 @@ def test_fsdp_steps_like_replicas_on_uneven_shards(replicate: Any, fsdp: Any) ->
     assert moved <= 2**-7  # one BF16 rounding apart at most (|w| < 2) after two steps
     start = load(to_bf16_bytes(load_checkpoint(None).model))
     assert max((b[k].float() - start[k].float()).abs().max().item() for k in b) > 1e-2  # and they did step
+
+
+def test_fsdp_takes_the_proximal_pass_and_minibatch_steps_like_replicas() -> None:
+    """The decoupled correction's proximal forward passes and two optimizer steps per batch: the
+    ranks of a sharded policy agree on the passes (one rank has fewer items) and step as replicas."""
+    kw = {"correction": "decoupled", "minibatches": 2}
+    rep, shd = _run({"strategy": "replicate"}, 1, kw), _run({"strategy": "fsdp"}, 1, kw)
+    assert sum(rep[r][0][0] for r in range(WORLD)) == pytest.approx(
+        sum(shd[r][0][0] for r in range(WORLD)), rel=1e-3
+    )
+    a, b = rep[0][2], shd[0][2]
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) <= 2**-7
 
 
 def test_fsdp_holds_half_of_what_a_replica_holds(replicate: Any, fsdp: Any) -> None:
