@@ -39,6 +39,7 @@ from actors.cluster import ClusterClient
 from actors.fleet import Fleet, store_path
 from actors.interrupt import ctrl_c
 from actors.orders import Orders
+from actors.pipelined import PipelinedRun
 from actors.pool import step
 from actors.records import IterationRecord, record_of, unjudgeable
 from actors.trainer import PublishedVersion, TrainingGroup
@@ -52,6 +53,7 @@ from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_c
 from rlsched.policy.lifecycle import IterationPhase
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import DispatchPolicy, generation_order
+from rlsched.policy.versions import PipelineMode
 from rlsched.rl.assemble import assemble
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
@@ -111,6 +113,8 @@ class JobController:
         self.verification = JobVerification(cfg, self.verifiers, self.spans, self.clock, log, workers_pg)
         self.estimator = self.verification.estimator
         self.core = self._iteration_core(start.version)
+        async_mode = cfg.schedule.mode is PipelineMode.ASYNC
+        self.pipeline = PipelinedRun(self, start.version, start.iteration) if async_mode else None
         self.trace: it.IterationTrace | None = None
         self.phases = it.Phases()  # what the core asked for: `run_iteration` runs them in order
         self.fleet.publish(self.group.publish(start.version))
@@ -156,8 +160,10 @@ class JobController:
         self._set_aside_spans(start.iteration)
         self.group = self._training_group(start)
         self.train_stream, self.cursor = self._stream_at(start.cursor)
-        version = self.core.version + 1
+        version = self.version + 1
         self.core, self.phases = self._iteration_core(version), it.Phases()
+        if self.pipeline is not None:  # the waves in flight are abandoned: their samples are ignored
+            self.pipeline = PipelinedRun(self, version, start.iteration, self.pipeline.restarts + 1)
         self.reload(self.group.publish(version), replenish=True)
         if self.endpoint is not None:
             back = ray.get(self.endpoint.restore.remote(start.iteration))
@@ -199,11 +205,28 @@ class JobController:
     @property
     def version(self) -> int:
         """The newest published version: what the instances hold."""
-        return self.core.version
+        return self.pipeline.core.version if self.pipeline is not None else self.core.version
+
+    def stop_training(self, iteration: int) -> bool:
+        """The job means to stop before `iteration`: a pipelined job starts no more updates. Whether
+        its ranks have already stepped on `iteration` (which must then be committed too)."""
+        if self.pipeline is None:
+            return False
+        self.pipeline.stopping = True
+        return self.pipeline.step_started(iteration)
+
+    @property
+    def training_ahead(self) -> bool:
+        """A pipelined job's ranks hold (or are computing) a step past the last committed one."""
+        p = self.pipeline
+        return p is not None and (p.updating is not None or p.last_updated > p.core.committed)
 
     # -- phases ----------------------------------------------------------------------------------
 
-    def request_samples(self, iteration: int) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
+    def request_samples(
+        self, iteration: int, prefix: str | None = None
+    ) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
+        """The next problems' requests, named `PREFIX-PROBLEM-MEMBER` (the prefix: the iteration)."""
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
         self.cursor += len(problems)
         v = self.cfg.verifier
@@ -213,7 +236,7 @@ class JobController:
         return group_requests(
             problems,
             self.cfg.grpo.group_size,
-            str(iteration),
+            prefix or str(iteration),
             self.tokenizer,
             self.template,
             self.sampling,
@@ -402,7 +425,12 @@ class JobController:
         return batch.items, counts
 
     def run_iteration(self, iteration: int) -> IterationRecord:
-        """One iteration, phase by phase; its spans are recorded as it goes."""
+        """One iteration, phase by phase; its spans are recorded as it goes. A pipelined job's
+        (`schedule.mode: async`) runs until that step is committed, the next ones going on."""
+        if self.pipeline is not None:
+            rec = self.pipeline.run_until(iteration)
+            self.consumed = self.pipeline.consumed.pop(iteration)
+            return rec
         start, phases = self.clock(), self.phases
         requests, references = self.request_samples(iteration)  # 1
         self._feed(it.Started(start, iteration, tuple(r.request_id for r in requests)))

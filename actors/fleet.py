@@ -40,7 +40,7 @@ from rlsched.core.demand import instance_bundle
 from rlsched.core.fleet import FleetCore, FleetTrace
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.errors import UserError
-from rlsched.metrics.spans import Span
+from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.resume import ResumeCost
 from rlsched.rl.requests import group_of
@@ -111,6 +111,7 @@ class Fleet:
         self._accepted: list[tuple[str, Sample]] = []
         self._reload_done = False
         self._seeds = 0
+        self._routed: dict[str, tuple[float, int]] = {}  # instance -> when its generate call began
 
     # -- feeding the core ----------------------------------------------------------------------------
 
@@ -209,6 +210,7 @@ class Fleet:
                 batch[k] = dataclasses.replace(batch[k], resume_ids=self.resumes.resume_ids(rid))
         generate = self.handles[e.name].generate.options(num_returns="streaming")
         self.streams[e.name] = generate.remote(batch, e.dispatch)
+        self._routed[e.name] = (self.clock(), len(batch))
 
     def _accept(self, e: fx.Accepted) -> None:
         assert self._sample is not None and self._sample.request_id == e.request_id
@@ -279,8 +281,12 @@ class Fleet:
         return self.core.stranded()
 
     def begin(self, iteration: int, requests: Sequence[GenerationRequest]) -> None:
-        self.requests = {r.request_id: r for r in requests}
-        self.resumes.reset()
+        """An iteration's requests; a pipelined job's queue behind those still running."""
+        if self.core.generating:
+            self.requests.update((r.request_id, r) for r in requests)
+        else:
+            self.requests = {r.request_id: r for r in requests}
+            self.resumes.reset()
         specs = tuple(
             fx.RequestSpec(r.request_id, group_of(r.request_id), len(r.prompt_ids)) for r in requests
         )
@@ -311,6 +317,7 @@ class Fleet:
             self._sample = ray.get(next(ref))
         except StopIteration:
             del self.streams[name]
+            self._batch_span(name)
             self._feed(fx.StreamEnded(self.clock(), name))
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
@@ -321,6 +328,13 @@ class Fleet:
         self._sample = None
         out, self._accepted = self._accepted, []
         return out
+
+    def _batch_span(self, name: str) -> None:
+        """The instance's generate call, as a span of its lane (its busy time)."""
+        start, requests = self._routed.pop(name, (None, 0))
+        if start is not None:
+            attrs = {"lane": name, "requests": requests}
+            self.spans.append(Span(SpanKind.BATCH, name, start, self.clock(), self.core.iteration, attrs))
 
     def died(self, name: str) -> None:
         """An instance's actor died (its process or node is gone): preempted, and replaced unless
@@ -361,8 +375,7 @@ class Fleet:
         """Every serving instance (and any allocated one not yet pulling) takes the latest version,
         blocking; joiners already pulling catch up on their own. `hold`: instances the endpoint's
         pinned episodes keep at their version while it is admissible (`ReloadAsked.hold`)."""
-        self._reload_done = False
-        self._feed(fx.ReloadAsked(self.clock(), tuple(hold)))
+        self.reload_begin(hold)
         while not self._reload_done:
             self.tick()  # a transient window may end meanwhile
             refs = list(self.pulls.values())
@@ -372,6 +385,16 @@ class Fleet:
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
             for ref in ready:
                 self.on_ready(ref)
+
+    def reload_begin(self, hold: Sequence[str] = ()) -> None:
+        """`reload` without the wait: a pipelined job goes on generating; instances in the middle of a
+        batch finish it first (`reload_done` once every instance has the version)."""
+        self._reload_done = False
+        self._feed(fx.ReloadAsked(self.clock(), tuple(hold)))
+
+    @property
+    def reload_done(self) -> bool:
+        return self._reload_done
 
     def wait_serving(self, timeout_s: float = 300.0) -> None:
         """Block until at least one instance serves (at start-up)."""

@@ -337,7 +337,7 @@ def _iterate_logged(
     try:
         while it <= cfg.grpo.steps:
             ctrl_c.check()
-            if train_s() > cfg.grpo.time_budget_s:
+            if train_s() > cfg.grpo.time_budget_s and not controller.stop_training(it):
                 log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
                 break
             try:
@@ -402,8 +402,11 @@ def _checkpoint_on_stop(
     why: str,
 ) -> None:
     """Stopped between iterations (or before an update): the training state is the last committed
-    iteration's, so it is checkpointed and the run can resume from there."""
-    if committed and job_log.latest != committed:
+    iteration's, so it is checkpointed and the run can resume from there. A pipelined job whose ranks
+    have already stepped further keeps its last checkpoint instead."""
+    if controller.training_ahead:
+        log(f"{why}: the trainer has stepped past iteration {committed}; the last checkpoint stands")
+    elif committed and job_log.latest != committed:
         saved = job_log.checkpoint(committed, controller, train_s)
         log(f"{why}: checkpoint of iteration {committed} saved at {saved.path}")
     log(f"continue with: rlsched run CONFIG --resume {job_log.out_dir}")

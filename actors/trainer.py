@@ -235,10 +235,18 @@ class TrainingGroup:
         self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
 
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
+        """The batch's steps on every rank (one per `grpo.minibatches`); the figures and the span."""
+        return self.update_end(self.update_begin(items))
+
+    def update_begin(self, items: Sequence[TrainItem]) -> list[Any]:
+        """Start the batch's steps on every rank (its share of each minibatch); the calls in flight."""
         batches = minibatches(items, self.grpo.minibatches)
         tokens = [sum(i.trained_tokens for i in mb) for mb in batches]
         world = len(self.ranks)
-        refs = [r.update.remote([mb[k::world] for mb in batches], tokens) for k, r in enumerate(self.ranks)]
+        return [r.update.remote([mb[k::world] for mb in batches], tokens) for k, r in enumerate(self.ranks)]
+
+    def update_end(self, refs: list[Any]) -> tuple[LossStats, float, float]:
+        """The started steps' figures (the ranks' shares summed) and their span."""
         results = answers(refs, "update")
         stats = results[0][0]  # each rank's figures are its shares of the one token-level mean
         for r in results[1:]:

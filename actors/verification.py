@@ -85,10 +85,10 @@ class JobVerification:
     def verify(self, request_ids: tuple[str, ...]) -> None:
         self.pool.submit_many([self._waiting.pop(rid) for rid in request_ids])
 
-    def dispatch(self, batch: BatchState) -> None:
-        """What the batch still waits for, as of now (the dispatch policy reads it)."""
+    def dispatch(self, *batches: BatchState) -> None:
+        """What the batches still wait for, as of now (the dispatch policy reads it)."""
         for pool in self.pools:
-            pool.dispatch((batch,))
+            pool.dispatch(batches)
 
     def settled(self) -> dict[RequestId, Outcome]:
         """The outcomes settled since the last look (each handed over once)."""

@@ -154,8 +154,14 @@ def _progress(total: int) -> Iterator[Callable[[int, str], None] | None]:
 def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
     """The same GRPO components in one process, without Ray (debugging, profiling)."""
     from rlsched.config import EngineKind
+    from rlsched.policy.versions import PipelineMode
     from rlsched.rl.loop import GRPOLoop, write_outputs
 
+    if cfg.schedule.mode is PipelineMode.ASYNC:
+        raise UserError(
+            "rlsched run --local runs one phase at a time in one process; schedule.mode async overlaps "
+            "generation with training across Ray actors: drop --local, or set schedule.mode sync"
+        )
     if cfg.engine.kind is EngineKind.VLLM:
         raise UserError(
             "rlsched run --local runs the torch engine only (the policy and the engine share one "

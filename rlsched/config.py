@@ -19,6 +19,7 @@ from rlsched.core.fleet_io import RelayParams
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
+from rlsched.policy.versions import PipelineMode, pipeline_problem
 from rlsched.transfer.plane import Plane
 from verifiers.sandbox import Isolation, SandboxPolicy
 
@@ -544,6 +545,14 @@ class VerifierConfig(Section):
 
 class ScheduleConfig(Section):
     overlap: bool = Field(True, description="verify while generating; false = the sequential baseline")
+    mode: PipelineMode = Field(
+        PipelineMode.SYNC,
+        description="sync: generate, update, publish one after another; async: generation runs ahead of "
+        "training by up to rollout.max_staleness versions (docs/async.md)",
+    )
+    buffer_groups: int | None = Field(
+        None, ge=1, description="async: judged groups that may wait for the trainer (unset: one batch)"
+    )
 
 
 class CheckpointConfig(Section):
@@ -606,6 +615,21 @@ class JobConfig(Section):
     def _consistent(self) -> JobConfig:
         if self.eval.curve_size > self.task.eval_size:
             raise ValueError("eval.curve_size cannot exceed task.eval_size")
+        batch = self.grpo.prompts_per_step
+        problem = pipeline_problem(
+            self.schedule.mode,
+            self.rollout.max_staleness,
+            self.schedule.buffer_groups or batch,
+            batch,
+            ("rollout.max_staleness", "schedule.buffer_groups"),
+        )
+        if problem is not None:
+            raise ValueError(f"schedule.mode: {problem}")
+        if self.schedule.mode is PipelineMode.ASYNC and self.rollout.endpoint.enabled:
+            raise ValueError(
+                "schedule.mode async does not serve the OpenAI endpoint yet (its episodes stay pinned to a "
+                "version); run the endpoint with mode sync"
+            )
         if self.rollout.endpoint.enabled and self.engine.kind is EngineKind.VLLM:
             raise ValueError(
                 "rollout.endpoint streams from torch rollout instances; with engine.kind vllm, serve "

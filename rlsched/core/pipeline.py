@@ -123,16 +123,19 @@ class _Step:
 
 
 class PipelineCore:
-    def __init__(self, params: PipelineParams, version: int = 0, at: float = 0.0) -> None:
+    def __init__(self, params: PipelineParams, version: int = 0, at: float = 0.0, steps: int = 0) -> None:
+        """A pipeline from weight version `version` at time `at`, `steps` steps already committed (a
+        resumed job's; the next wave and step are `steps + 1`)."""
         self.params = params
         self.version = version  # the newest published
         self.reloaded = version  # what every serving instance holds
         self.trained = version  # what the trainer holds: the version its next update starts from
         self.trainer = _T.IDLE
         self.reloading = False
-        self.next_wave = 1
-        self.steps = 0  # steps taken (updates asked for)
-        self.committed = 0  # steps committed
+        self.next_wave = steps + 1
+        self.steps = steps  # steps taken (updates asked for)
+        self.committed = steps  # steps committed
+        self._offset = version - steps  # step n trains from version n - 1 + offset
         self.last_commit = at
         self.waves: dict[int, _Wave] = {}  # waves with samples still to arrive or be judged
         self.groups: dict[str, _Group] = {}  # request -> its group, until the group is buffered
@@ -217,7 +220,7 @@ class PipelineCore:
         """Send out every wave the staleness bound and the buffer allow now."""
         p = self.params
         while (
-            self.next_wave - 1 - p.max_staleness <= self.reloaded
+            self.next_wave - 1 + self._offset - p.max_staleness <= self.reloaded
             and len(self.buffer) < p.buffer_groups
             and not self._announced
         ):

@@ -31,6 +31,7 @@ class SpanKind(StrEnum):
     PREEMPT = "preempt"  # an instance reclaimed: from the decision to its requests re-queued
     RESUME = "resume"  # a reclaimed request, re-queued to continue from its saved tokens
     EVAL = "eval"
+    BATCH = "batch"  # one instance's generate call: from its requests routed to its stream's end
 
 
 @dataclass(slots=True)
@@ -154,6 +155,19 @@ def verification_batch(spans: Sequence[Span], workers: int) -> BatchFigures:
     bound = arrival_aware_bound(arrivals, [ver[s.id].duration for s in gen], workers)
     done = max(v.end for v in ver.values()) - t0
     return BatchFigures(done, bound, done - max(arrivals), sum(v.duration for v in ver.values()))
+
+
+def busy_fraction(spans: Iterable[Span], lo: float, hi: float) -> float:
+    """The share of [lo, hi] covered by at least one of `spans` (their union, clipped)."""
+    if hi <= lo:
+        return 0.0
+    covered, reach = 0.0, lo
+    for start, end in sorted((max(s.start, lo), min(s.end, hi)) for s in spans):
+        if end <= reach:
+            continue
+        covered += end - max(start, reach)
+        reach = end
+    return covered / (hi - lo)
 
 
 def chrome_trace(spans: Iterable[Span]) -> dict[str, Any]:

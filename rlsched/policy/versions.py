@@ -40,19 +40,25 @@ def staleness(trained: int, oldest_token_version: int) -> int:
 
 
 def pipeline_problem(
-    mode: PipelineMode, max_staleness: int, buffer_groups: int, batch_groups: int
+    mode: PipelineMode,
+    max_staleness: int,
+    buffer_groups: int,
+    batch_groups: int,
+    keys: tuple[str, str] = ("max_staleness", "buffer_groups"),
 ) -> str | None:
-    """What is wrong with a pipeline's settings, naming the fix; None when they can run."""
+    """What is wrong with a pipeline's settings, naming the fix (by `keys`, the settings' names);
+    None when they can run."""
     if mode is PipelineMode.SYNC:
         return None
+    staleness_key, buffer_key = keys
     if max_staleness < 1:
         return (
-            f"mode async with max_staleness {max_staleness} cannot overlap anything: a sample generated "
-            "while the trainer updates is one version stale; set max_staleness to 1 or more, or mode sync"
+            f"mode async with {staleness_key} {max_staleness} cannot overlap anything: a sample generated "
+            f"while the trainer updates is one version stale; set {staleness_key} to 1 or more, or mode sync"
         )
     if buffer_groups < batch_groups:
         return (
-            f"the buffer of {buffer_groups} group(s) is smaller than one batch ({batch_groups} groups): "
-            f"the trainer could never take a batch; set it to at least {batch_groups}"
+            f"{buffer_key} {buffer_groups} is smaller than one batch ({batch_groups} groups): the trainer "
+            f"could never take a batch; set it to at least {batch_groups}"
         )
     return None

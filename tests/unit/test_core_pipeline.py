@@ -124,7 +124,7 @@ def test_generation_pauses_while_the_buffer_is_full() -> None:
     ("kw", "message"),
     [
         ({"max_staleness": 0}, "mode async with max_staleness 0 cannot overlap anything"),
-        ({"buffer_groups": 1}, r"smaller than one batch \(2 groups.*at least 2"),
+        ({"buffer_groups": 1}, r"buffer_groups 1 is smaller than one batch \(2 groups.*at least 2"),
     ],
 )
 def test_settings_that_cannot_run_are_refused_with_the_fix(kw: dict[str, int], message: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlsched.metrics.spans import Span, SpanKind, chrome_trace, phase_times
+from rlsched.metrics.spans import Span, SpanKind, busy_fraction, chrome_trace, phase_times
 
 G, V, U, P = SpanKind.GENERATE, SpanKind.VERIFY, SpanKind.UPDATE, SpanKind.PUBLISH
 
@@ -39,3 +39,9 @@ def test_chrome_trace_events() -> None:
     assert events[0]["args"]["iteration"] == 3
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert names == {"rollout-0", "verify"}
+
+
+def test_busy_fraction_is_the_union_of_the_spans_clipped_to_the_window() -> None:
+    spans = [Span(SpanKind.BATCH, "a", s, e, 1) for s, e in ((0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (9.0, 12.0))]
+    assert busy_fraction(spans, 1.0, 10.0) == pytest.approx((2.0 + 1.0 + 1.0) / 9.0)
+    assert busy_fraction([], 0.0, 1.0) == 0.0 and busy_fraction(spans, 2.0, 2.0) == 0.0

@@ -1,0 +1,47 @@
+"""Bad pipelined settings are refused before anything starts, naming the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlsched.config import load_config
+from rlsched.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs/jobs/quickstart.yaml"
+ASYNC = ("--set", "schedule.mode=async", "--set", "rollout.max_staleness=1")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["schedule.mode=async"], "mode async with rollout.max_staleness 0 cannot overlap anything"),
+        (
+            ["schedule.mode=async", "rollout.max_staleness=1", "schedule.buffer_groups=8"],
+            r"schedule.buffer_groups 8 is smaller than one batch \(32 groups\).*at least 32",
+        ),
+        (
+            ["schedule.mode=async", "rollout.max_staleness=1", "rollout.endpoint.enabled=true"],
+            "does not serve the OpenAI endpoint yet",
+        ),
+    ],
+)
+def test_a_pipeline_that_cannot_run_is_refused(settings: list[str], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        load_config(QUICKSTART, settings)
+
+
+def test_async_with_local_exits_2_with_the_fix() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlsched.cli", "run", str(QUICKSTART), "--local", *ASYNC],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "drop --local, or set schedule.mode sync" in proc.stderr
+    assert "Traceback" not in proc.stderr
