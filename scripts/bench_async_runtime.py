@@ -159,6 +159,8 @@ def simulated_t_iter(
 def sim_check(cfg: JobConfig, results: dict[str, list[dict[str, Any]]], steps: int) -> list[dict[str, Any]]:
     """The simulator against the runtime for each async run after the first: fed the first sync run's
     phases and the contention fitted on the first async run against it (never on the run checked)."""
+    if "sync" not in results or "async k=1" not in results:
+        return []
     base, fit = results["sync"][0]["phases"], results["async k=1"][0]["phases"]
     slow = (fit["batch_s"] / base["batch_s"], fit["update_s"] / base["update_s"])
     out = []
@@ -205,10 +207,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--config", default="configs/jobs/quickstart.yaml")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="more settings for every run")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="sync comes first")
     args = ap.parse_args()
     seeds = list(range(args.seed, args.seed + args.seeds))
-    results = {mode: [run(args.config, mode, s, args.steps, args.extra) for s in seeds] for mode in MODES}
-    sync_after = [r["after"] for r in results["sync"]]
+    results = {
+        mode: [run(args.config, mode, s, args.steps, args.extra) for s in seeds] for mode in args.modes
+    }
+    sync_after = [r["after"] for r in results[args.modes[0]]]
     spread = (min(sync_after), max(sync_after))
     rows = []
     for mode, runs in results.items():
