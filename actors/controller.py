@@ -454,13 +454,18 @@ class JobController:
         )
         if bad := unjudgeable(outcomes):
             self.log(f"iteration {iteration}: {len(bad)} sample(s) cannot be judged, e.g. {bad[0].detail}")
-        extra = {
-            "verifier_pool": asdict(self.verification.pool.counts),  # since the job started
-            "fleet": asdict(self.fleet.counts),  # since the job started
+        extra = self.record_extra(stats) | ({"endpoint": episode_counts} if self.endpoint is not None else {})
+        return record_of(iteration, version, samples, outcomes, len(items), counts, stats.loss, extra)  # 7
+
+    def record_extra(self, stats: LossStats) -> dict[str, Any]:
+        """What every iteration's record adds, in either mode: the pool's and the fleet's counts since
+        the job started, the instances serving, and the update's importance weights."""
+        return {
+            "verifier_pool": asdict(self.verification.pool.counts),
+            "fleet": asdict(self.fleet.counts),
             "serving": sorted(self.fleet.serving()),
             "importance": importance(stats, self.cfg.grpo),
-        } | ({"endpoint": episode_counts} if self.endpoint is not None else {})
-        return record_of(iteration, version, samples, outcomes, len(items), counts, stats.loss, extra)  # 7
+        }
 
     # -- evaluation, the trained policy and shutdown ----------------------------------------------
 

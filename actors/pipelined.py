@@ -25,7 +25,6 @@ commit before to its own.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from actors.interrupt import ctrl_c
@@ -38,7 +37,6 @@ from rlsched.engine.protocol import RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.durability import checkpoint_due
 from rlsched.rl.assemble import assemble
-from rlsched.rl.grpo import importance
 from rlsched.rl.task import TaskProblem
 from verifiers.protocol import Outcome
 
@@ -83,7 +81,6 @@ class PipelinedRun:
         self.steps: dict[int, dict[str, Any]] = {}  # a step's batch figures, until it is committed
         self.published: Any = None
         self.reloading = False
-        self.dropped = 0
         self.started = False
         self.stopping = False  # the job's loop is about to stop: no update starts any more
 
@@ -202,7 +199,6 @@ class PipelinedRun:
             self._feed(it.SampleArrived(now, rid, version))
 
     def _drop(self, e: it.Dropped) -> None:
-        self.dropped += len(e.request_ids)
         self.c.log(f"{len(e.request_ids)} sample(s) left out: generated before v{e.oldest}, past the bound")
         for rid in e.request_ids:
             self._forget(RequestId(rid))
@@ -221,7 +217,6 @@ class PipelinedRun:
         batch = assemble(ids, self.samples, self.outcomes, c.cfg.grpo.group_size, e.oldest)
         verdicts = {r: self.outcomes[r] for r in ids}
         figures = {
-            "ids": ids,
             "samples": {r: self.samples[r] for r in ids},
             "outcomes": verdicts,
             "used": len(batch.items),
@@ -260,11 +255,7 @@ class PipelinedRun:
                 {"lane": "controller"},
             )
         )
-        extra = {
-            "verifier_pool": asdict(c.verification.pool.counts),
-            "fleet": asdict(c.fleet.counts),
-            "serving": sorted(c.fleet.serving()),
-            "importance": importance(f["stats"], c.cfg.grpo),
+        extra = c.record_extra(f["stats"]) | {
             "staleness": f["staleness"],
             "stale_groups_dropped": self.core.dropped_groups,  # since the job started
             "buffer_peak": self.core.buffer_peak,

@@ -89,14 +89,15 @@ def _autocast(opts: TrainOptions) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> list[tuple[list[TrainItem], PackedBatch]]:
+def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> list[tuple[list[int], PackedBatch]]:
+    """The micro-batches: each one's item positions and its packed batch."""
     lengths = [len(i.prompt_ids) + len(i.token_ids) for i in items]
     out = []
     for group in micro_batches(lengths, opts.micro_batch_tokens):
         chosen = [items[i] for i in group]
         masks = [i.mask or None for i in chosen]
         batch = pack([i.prompt_ids for i in chosen], [i.token_ids for i in chosen], opts.pad_id, masks)
-        out.append((chosen, batch.to(opts.device)))
+        out.append((list(group), batch.to(opts.device)))
     return out
 
 
@@ -166,7 +167,8 @@ def grpo_update(
     stats = LossStats(0.0, 0.0, 0.0, 0.0)  # this shard's shares; summed over ranks by the caller
     chunks = _chunks(items, opts)
     passes = agree_passes(len(chunks)) if agree_passes is not None else len(chunks)
-    for chunk, batch in chunks:
+    for positions, batch in chunks:
+        chunk = [items[i] for i in positions]
         stats = stats.plus(_micro_step(policy, reference, chunk, batch, cfg, opts, total))
     for _ in range(passes - len(chunks)):
         with _autocast(opts):
@@ -198,20 +200,19 @@ def with_proximal(
 ) -> list[TrainItem]:
     """`items` with the policy's own log-probs of their completion tokens (`prox_logprobs`), taken
     before any step on them; ranks of a sharded policy make the same number of forward passes."""
-    out: dict[int, TrainItem] = {}
+    out = list(items)
     chunks = _chunks(items, opts)
     passes = agree_passes(len(chunks)) if agree_passes is not None else len(chunks)
-    index = {id(item): n for n, item in enumerate(items)}
     with torch.no_grad():
-        for chunk, batch in chunks:
+        for positions, batch in chunks:
             with _autocast(opts):
                 logp = sequence_logprobs(policy, batch).float().cpu()
-            for row, (item, sl) in enumerate(zip(chunk, batch.completion_slices, strict=True)):
-                out[index[id(item)]] = replace(item, prox_logprobs=tuple(logp[row, sl].tolist()))
+            for row, (n, sl) in enumerate(zip(positions, batch.completion_slices, strict=True)):
+                out[n] = replace(items[n], prox_logprobs=tuple(logp[row, sl].tolist()))
         for _ in range(passes - len(chunks)):
             with _autocast(opts):
                 policy(input_ids=torch.tensor([[opts.pad_id]], device=opts.device), use_cache=False)
-    return [out[n] for n in range(len(items))]
+    return out
 
 
 def update_batch(
