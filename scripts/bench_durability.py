@@ -18,6 +18,7 @@ durable watermark at the end. Writes bench_results/bench_durability.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -64,7 +65,12 @@ def main() -> None:
     ap.add_argument("--quickstart-steps", type=int, default=20)
     ap.add_argument("--smollm2-steps", type=int, default=4)
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="rlsched-durability-"))
+    with tempfile.TemporaryDirectory(prefix="rlsched-durability-") as scratch:  # gigabytes: never kept
+        runs = _runs(args, Path(scratch))
+    _report(args, runs)
+
+
+def _runs(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     runs = []
     quick = [f"grpo.steps={args.quickstart_steps}", "checkpoint.every=5", "eval.every_steps=10",
              f"checkpoint.upload_to={root / 'bucket-q'}", f"run.seed={args.seed}"]  # fmt: skip
@@ -76,6 +82,10 @@ def main() -> None:
         runs.append(_run("configs/jobs/smollm2.yaml", root / "smollm2", smol))
     else:
         print(f"SmolLM2 skipped: {SMOLLM2} is missing (make model-smollm2)")
+    return runs
+
+
+def _report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     rows = [
         [Path(r["config"]).stem, r["iterations"], f"{r['iteration_s_p50']:.3f}",
          f"{1000 * r['commit_s_p50']:.2f}", f"{100 * r['commit_fraction']:.2f}%", r["checkpoints"],

@@ -19,6 +19,7 @@ held at the kill (for the driver: including `rlsched run --resume` starting a ne
 
 from __future__ import annotations
 
+import argparse
 import random
 import shutil
 import statistics
@@ -69,7 +70,11 @@ def main() -> None:
     args = ap.parse_args()
     faults = list(Fault) if args.faults == "all" else [Fault(f) for f in args.faults.split(",")]
     rng = random.Random(args.seed)
-    root = Path(tempfile.mkdtemp(prefix="rlsched-chaos-"))
+    with tempfile.TemporaryDirectory(prefix="rlsched-chaos-") as scratch:  # gigabytes of runs: never kept
+        _soak(args, faults, rng, Path(scratch))
+
+
+def _soak(args: argparse.Namespace, faults: list[Fault], rng: random.Random, root: Path) -> None:
     started = time.monotonic()
     sets = [*SETS, f"checkpoint.upload_to={root / 'bucket'}"]
     reference = _reference(root, sets)
