@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ from actors.interrupt import ctrl_c
 from actors.orders import Orders
 from actors.pipelined import PipelinedRun
 from actors.pool import step
-from actors.records import IterationRecord, record_of, unjudgeable
+from actors.records import IterationRecord, generate_attrs, record_of, unjudgeable
 from actors.trainer import PublishedVersion, TrainingGroup
 from actors.verification import JobVerification
 from rlsched.config import JobConfig
@@ -58,6 +59,7 @@ from rlsched.rl.assemble import assemble
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
 from rlsched.rl.grpo import LossStats, importance
+from rlsched.rl.pending import PendingWork
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
 from rlsched.rl.update import TrainItem
@@ -70,12 +72,15 @@ from verifiers.protocol import Outcome, Verdict
 class Start:
     """Where the controller begins: a new job, or a resumed one after `iteration`, with the training
     state in `state` (a checkpoint directory; None: the model as loaded), at weight version `version`
-    and data position `cursor` (training problems already drawn)."""
+    and data position `cursor` (training problems already drawn); a pipelined job's work held beside
+    that checkpoint in `pending`; `attempt`: the run's number (1, then one more per resume)."""
 
     iteration: int = 0
     version: int = 0
     cursor: int = 0
     state: Path | None = None
+    pending: PendingWork | None = None
+    attempt: int = 1
 
 
 class JobController:
@@ -97,7 +102,10 @@ class JobController:
         self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
         resume_after = None if start is None else start.iteration  # a resumed run: its episodes come back
         start = start or Start()
+        self.attempt = start.attempt
         self.train_stream, self.cursor = self._stream_at(start.cursor)
+        self.redo = self._problems_at(start.pending.problems if start.pending else ())
+        self.position_of: dict[str, int] = {}  # a pipelined job's groups in flight: their problem's position
         self.consumed: list[tuple[str, str]] = []  # (request id, how) of the last iteration
         self.sampling = sampling_params(cfg.sampling, self.template)
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
@@ -114,7 +122,9 @@ class JobController:
         self.estimator = self.verification.estimator
         self.core = self._iteration_core(start.version)
         async_mode = cfg.schedule.mode is PipelineMode.ASYNC
-        self.pipeline = PipelinedRun(self, start.version, start.iteration) if async_mode else None
+        self.pipeline = (
+            PipelinedRun(self, start.version, start.iteration, pending=start.pending) if async_mode else None
+        )
         self.trace: it.IterationTrace | None = None
         self.phases = it.Phases()  # what the core asked for: `run_iteration` runs them in order
         self.fleet.publish(self.group.publish(start.version))
@@ -133,6 +143,14 @@ class JobController:
         for _ in range(cursor):
             next(stream)
         return stream, cursor
+
+    def _problems_at(self, positions: Sequence[int]) -> deque[tuple[int, TaskProblem]]:
+        """The training problems at `positions` (a pipelined job's groups that were in flight at its
+        checkpoint): drawn again before any new one."""
+        wanted = set(positions)
+        stream, _ = self._stream_at(0)
+        drawn = [next(stream) for _ in range(max(wanted, default=-1) + 1)]
+        return deque((position, drawn[position]) for position in sorted(wanted))
 
     def _training_group(self, start: Start) -> TrainingGroup:
         cfg = self.cfg
@@ -160,10 +178,12 @@ class JobController:
         self._set_aside_spans(start.iteration)
         self.group = self._training_group(start)
         self.train_stream, self.cursor = self._stream_at(start.cursor)
+        self.redo = self._problems_at(start.pending.problems if start.pending else ())
         version = self.version + 1
         self.core, self.phases = self._iteration_core(version), it.Phases()
         if self.pipeline is not None:  # the waves in flight are abandoned: their samples are ignored
-            self.pipeline = PipelinedRun(self, version, start.iteration, self.pipeline.restarts + 1)
+            restarts = self.pipeline.restarts + 1
+            self.pipeline = PipelinedRun(self, version, start.iteration, restarts, start.pending)
         self.reload(self.group.publish(version), replenish=True)
         if self.endpoint is not None:
             back = ray.get(self.endpoint.restore.remote(start.iteration))
@@ -227,21 +247,36 @@ class JobController:
         self, iteration: int, prefix: str | None = None
     ) -> tuple[list[GenerationRequest], dict[RequestId, TaskProblem]]:
         """The next problems' requests, named `PREFIX-PROBLEM-MEMBER` (the prefix: the iteration)."""
-        problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
-        self.cursor += len(problems)
+        drawn = [self._next_problem() for _ in range(self.cfg.grpo.prompts_per_step)]
         v = self.cfg.verifier
         if v.dispatch is DispatchPolicy.DISTRS and v.order_generation:  # longest verification first
-            kinds = [self.verification.kind_key(p) for p in problems]
-            problems = [problems[i] for i in generation_order(kinds, self.verification.estimators)]
+            kinds = [self.verification.kind_key(p) for _, p in drawn]
+            drawn = [drawn[i] for i in generation_order(kinds, self.verification.estimators)]
+        prefix = prefix or str(iteration)
+        if self.pipeline is not None:
+            self.position_of.update((f"{prefix}-{i}", position) for i, (position, _) in enumerate(drawn))
+        problems = [p for _, p in drawn]
         return group_requests(
             problems,
             self.cfg.grpo.group_size,
-            prefix or str(iteration),
+            prefix,
             self.tokenizer,
             self.template,
             self.sampling,
             run_seed_for_requests(self.cfg),
         )
+
+    def _next_problem(self) -> tuple[int, TaskProblem]:
+        """The next training problem with its position in the stream: one a pipelined job had in
+        flight at its checkpoint first, then a new one."""
+        if self.redo:
+            return self.redo.popleft()
+        self.cursor += 1
+        return self.cursor - 1, next(self.train_stream)
+
+    def pending_work(self) -> PendingWork | None:
+        """What a pipelined job holds beyond its last committed step (None in `sync` mode)."""
+        return self.pipeline.pending_work() if self.pipeline is not None else None
 
     def generate_and_verify(
         self, iteration: int, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]
@@ -292,15 +327,10 @@ class JobController:
         for lane, sample in arrived:
             now, rid = self.clock(), sample.request_id
             samples[rid] = sample
-            attrs = {
-                "lane": lane,
-                "tokens": sample.num_tokens,
-                "version": int(sample.weight_version),
-                "resumed_tokens": sample.resumed_tokens,
-            }
+            attrs = generate_attrs(lane, sample)
             self.spans.append(Span(SpanKind.GENERATE, rid, start, now, iteration, attrs))
             self.verification.arrived(sample, references[rid], iteration, self.core.batch_id)
-            self._feed(it.SampleArrived(now, rid, int(sample.weight_version)))
+            self._feed(it.SampleArrived(now, rid, sample.oldest_version))
 
     def assemble(
         self, update: it.Update, samples: dict[RequestId, Sample], outcomes: dict[RequestId, Outcome]

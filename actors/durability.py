@@ -19,6 +19,7 @@ training state died with the crash), and returns where the controller starts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -39,6 +40,7 @@ from rlsched.policy.durability import (
     prunable,
     resume_point,
 )
+from rlsched.rl.pending import PendingWork
 from rlsched.store import checkpoints as ckpt
 from rlsched.store.commit_log import (
     LOG_NAME,
@@ -112,7 +114,10 @@ def restart_from(commits: CommitLog, entries: list[IterationEntry]) -> tuple[Res
     if point.checkpoint is None:
         return point, Start(), 0.0
     entry = entries[point.checkpoint - 1]
-    return point, Start(entry.iteration, entry.version, entry.cursor, usable[point.checkpoint]), entry.train_s
+    held = commits.pending(point.checkpoint)
+    pending = PendingWork.of_json(held) if held is not None else None
+    start = Start(entry.iteration, entry.version, entry.cursor, usable[point.checkpoint], pending)
+    return point, start, entry.train_s
 
 
 def plan_resume(cfg: JobConfig, run_dir: Path, log: Callable[[str], None]) -> ResumePlan:
@@ -130,7 +135,10 @@ def plan_resume(cfg: JobConfig, run_dir: Path, log: Callable[[str], None]) -> Re
                 "started from"
             )
         point, start, train_s = restart_from(commits, entries)
+        start = dataclasses.replace(start, attempt=int(commits.get("attempt") or 0) + 1)
         before = commits.get("before")
+    except CorruptLog as err:
+        raise UserError(f"--resume refused: {err}") from None
     finally:
         commits.close()
     source = f"the checkpoint of iteration {point.checkpoint}"
@@ -260,9 +268,11 @@ class JobLog:
         (tmp / META).write_text(json.dumps(meta, indent=1))
         saved = ckpt.seal(self.root, iteration)
         seconds = time.monotonic() - start
+        pending = controller.pending_work()
         self.commits.add_checkpoint(
-            iteration, str(saved.path), saved.sha256, saved.nbytes, seconds, self.uploader is not None
-        )
+            iteration, str(saved.path), saved.sha256, saved.nbytes, seconds, self.uploader is not None,
+            pending.to_json() if pending is not None else None,
+        )  # fmt: skip
         self.figures.save_s.append(seconds)
         self.figures.nbytes = saved.nbytes
         self.latest = iteration

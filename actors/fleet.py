@@ -34,7 +34,7 @@ from actors.fleet_spans import preempt_span, pull_spans, resume_span
 from actors.rollout import JoinReport, RolloutInstance
 from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
-from rlsched.config import JobConfig
+from rlsched.config import EngineKind, JobConfig
 from rlsched.core import fleet_io as fx
 from rlsched.core.demand import instance_bundle
 from rlsched.core.fleet import FleetCore, FleetTrace
@@ -43,6 +43,7 @@ from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.resume import ResumeCost
+from rlsched.policy.versions import InflightUpdate, PipelineMode
 from rlsched.rl.requests import group_of
 from rlsched.store.partial import PartialStore
 from rlsched.store.resumes import Resumes
@@ -72,7 +73,20 @@ def fleet_params(cfg: JobConfig) -> fx.FleetParams:
         for k, t in enumerate(r.transient)
     )
     cost = ResumeCost(r.prefill_tokens_per_s, r.decode_tokens_per_s, r.resume_setup_s)
-    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows, w.relay_params())
+    swap = swap_fallback(cfg) is None and r.inflight_update is InflightUpdate.SWAP
+    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows, w.relay_params(), swap)
+
+
+def swap_fallback(cfg: JobConfig) -> str | None:
+    """Why the job's instances cannot take a version in flight, where it asked them to (they finish
+    their running requests on the old version instead); None where they can, or it did not ask."""
+    if cfg.rollout.inflight_update is not InflightUpdate.SWAP or cfg.engine.kind is EngineKind.TORCH:
+        return None
+    return (
+        f"rollout.inflight_update swap: engine {cfg.engine.kind} loads a version only between generate "
+        "calls, not between two decoding steps of a running request; its running requests finish on "
+        "the old version (stale by one) and it pulls after them"
+    )
 
 
 class Fleet:
@@ -92,6 +106,9 @@ class Fleet:
         self.store_path = store_path
         self.resumes = Resumes(store)
         self.core = FleetCore(fleet_params(cfg))
+        fallback = swap_fallback(cfg)
+        if fallback is not None and cfg.schedule.mode is PipelineMode.ASYNC:
+            log(fallback)
         self.pg: Any = None  # the cluster scheduler's placement group for the static instances
         self.latest: PublishedVersion | None = None
         self.handles: dict[str, Any] = {}
@@ -176,6 +193,8 @@ class Fleet:
             str(self.cfg.engine.kind),
             str(self.cfg.engine.dtype),
             self.cfg.weights.staged_load,
+            0,
+            str(r.swap_kv),
         )
         self._seeds += 1
         self.ingress[e.name] = e.ingress_bps

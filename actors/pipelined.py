@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.interrupt import ctrl_c
 from actors.pool import step
-from actors.records import IterationRecord, record_of
+from actors.records import IterationRecord, generate_attrs, record_of
 from rlsched.core import iteration as it
 from rlsched.core.demand import training_devices
 from rlsched.core.pipeline import PipelineCore, PipelineParams
@@ -37,6 +37,8 @@ from rlsched.engine.protocol import RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.durability import checkpoint_due
 from rlsched.rl.assemble import assemble
+from rlsched.rl.pending import JudgedGroup, PendingWork
+from rlsched.rl.requests import group_of
 from rlsched.rl.task import TaskProblem
 from verifiers.protocol import Outcome
 
@@ -46,10 +48,16 @@ if TYPE_CHECKING:
 
 class PipelinedRun:
     def __init__(
-        self, controller: JobController, version: int, committed: int = 0, restarts: int = 0
+        self,
+        controller: JobController,
+        version: int,
+        committed: int = 0,
+        restarts: int = 0,
+        pending: PendingWork | None = None,
     ) -> None:
         """The pipeline from weight version `version`, after `committed` steps; a rebuilt training
-        group's (`restarts` > 0) names its requests apart from those the abandoned waves left."""
+        group's (`restarts` > 0) and a resumed run's name their requests apart from those the abandoned
+        waves left. `pending`: the judged groups the checkpoint held, back in the buffer."""
         self.c = controller
         self.restarts = restarts
         cfg = controller.cfg
@@ -83,6 +91,42 @@ class PipelinedRun:
         self.reloading = False
         self.started = False
         self.stopping = False  # the job's loop is about to stop: no update starts any more
+        if pending is not None:
+            self._restore(pending)
+
+    def _restore(self, pending: PendingWork) -> None:
+        core = self.core
+        for g in pending.groups:
+            for sample, outcome in zip(g.samples, g.outcomes, strict=True):
+                self.samples[sample.request_id] = sample
+                self.outcomes[sample.request_id] = outcome
+                self.wave_of[sample.request_id] = core.steps
+        versions = [{str(s.request_id): s.oldest_version for s in g.samples} for g in pending.groups]
+        core.restore(versions, self.c.clock(), pending.dropped_groups, pending.buffer_peak)
+        if pending.groups or pending.problems:
+            self.c.log(
+                f"{len(pending.groups)} judged group(s) the checkpoint held are back in the buffer; "
+                f"{len(pending.problems)} problem(s) then in flight are generated again"
+            )
+
+    def pending_work(self) -> PendingWork:
+        """What this pipeline holds beyond its last committed step: judged groups (a batch held for a
+        checkpoint, then the buffer) and the positions of the problems still in flight."""
+        size = self.c.cfg.grpo.group_size
+        held = list(self.held.request_ids) if self.held is not None else []
+        chunks = [tuple(held[i : i + size]) for i in range(0, len(held), size)]
+        chunks += [g.members for g in self.core.buffer]
+        groups = tuple(
+            JudgedGroup(
+                self.wave_of[rids[0]],
+                tuple(self.samples[RequestId(r)] for r in rids),
+                tuple(self.outcomes[RequestId(r)] for r in rids),
+            )
+            for rids in chunks
+        )
+        flying = {group_of(rid) for rid in self.core.groups}
+        positions = sorted(self.c.position_of[g] for g in flying if g in self.c.position_of)
+        return PendingWork(groups, tuple(positions), self.core.dropped_groups, self.core.buffer_peak)
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -175,7 +219,8 @@ class PipelinedRun:
 
     def _generate(self, wave: int) -> None:
         c = self.c
-        requests, references = c.request_samples(wave, f"{wave}r{self.restarts}" if self.restarts else None)
+        tags = (f"a{c.attempt}" if c.attempt > 1 else "") + (f"r{self.restarts}" if self.restarts else "")
+        requests, references = c.request_samples(wave, f"{wave}{tags}" if tags else None)
         now = c.clock()
         self.wave_start[wave] = now
         self.references.update(references)
@@ -192,8 +237,8 @@ class PipelinedRun:
             if wave is None:  # not one of this pipeline's (a recovery abandoned it)
                 continue
             self.samples[rid] = sample
-            version = int(sample.weight_version)
-            attrs = {"lane": lane, "tokens": sample.num_tokens, "version": version}
+            version = sample.oldest_version  # staleness counts from it
+            attrs = generate_attrs(lane, sample)
             c.spans.append(Span(SpanKind.GENERATE, rid, self.wave_start[wave], now, wave, attrs))
             c.verification.arrived(sample, self.references[rid], wave, self.core.batch_id(wave))
             self._feed(it.SampleArrived(now, rid, version))
@@ -204,6 +249,7 @@ class PipelinedRun:
             self._forget(RequestId(rid))
 
     def _forget(self, rid: RequestId) -> None:
+        self.c.position_of.pop(group_of(rid), None)
         self.samples.pop(rid, None)
         self.outcomes.pop(rid, None)
         self.references.pop(rid, None)

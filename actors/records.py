@@ -52,8 +52,26 @@ def record_of(
         pass_rate=sum(v.correct for v in verdicts) / max(len(verdicts), 1),
         tokens=sum(s.num_tokens for s in samples.values()),
         loss=loss,
-        extra={"sample_versions": sorted({int(s.weight_version) for s in samples.values()})} | extra,
+        extra={
+            "sample_versions": sorted({v for s in samples.values() for v, _, _ in s.token_versions()}),
+            "swapped_samples": sum(len(s.version_spans) > 1 for s in samples.values()),
+        }
+        | extra,
     )
+
+
+def generate_attrs(lane: str, sample: Sample) -> dict[str, Any]:
+    """A sample's `generate` span: where it ran, its tokens and version; where a version was swapped in
+    under it, each version's run of tokens as [version, first, end]."""
+    attrs: dict[str, Any] = {
+        "lane": lane,
+        "tokens": sample.num_tokens,
+        "version": int(sample.weight_version),
+        "resumed_tokens": sample.resumed_tokens,
+    }
+    if sample.version_spans:
+        attrs["token_versions"] = [list(span) for span in sample.token_versions()]
+    return attrs
 
 
 def unjudgeable(outcomes: Mapping[RequestId, Outcome]) -> list[ExecutionFault]:

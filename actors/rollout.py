@@ -47,6 +47,7 @@ from rlsched.engine.stream_server import Event, StreamServer, Withdrawn
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
 from rlsched.policy.lifecycle import InstanceState, transition
+from rlsched.policy.versions import SwapKV
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
 from rlsched.transfer.manifest import LATEST, Assembly, Buffer, blank, prefaulted
@@ -111,12 +112,18 @@ class JoinReport:
 
 
 def _torch_engine(
-    path: Path | None, max_batch: int, use_cache: bool, seed: int, dtype: str, prefix_cache_tokens: int
+    path: Path | None,
+    max_batch: int,
+    use_cache: bool,
+    seed: int,
+    dtype: str,
+    prefix_cache_tokens: int,
+    swap_kv: SwapKV = SwapKV.RECOMPUTE,
 ) -> RolloutEngine:
     ckpt = load_checkpoint(path, dtype=engine_dtype(dtype))
     return TorchRolloutEngine(
         ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed,
-        prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK),
+        prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK), swap_kv=swap_kv,
     )  # fmt: skip
 
 
@@ -140,10 +147,13 @@ class Instance:
         dtype: str = "auto",
         stage: bool = True,
         prefix_cache_tokens: int = 0,
+        swap_kv: str = "recompute",
     ) -> None:
         """`stage`: load each version while it arrives where the engine can (False: after the whole
         file is in, the sequential baseline). `prefix_cache_tokens`: keys and values a torch engine
-        keeps for requests that share a prefix (the endpoint's multi-turn episodes); 0: none."""
+        keeps for requests that share a prefix (the endpoint's multi-turn episodes); 0: none.
+        `swap_kv`: a version swapped in under running requests recomputes their keys and values, or
+        keeps them (`rlsched.policy.versions.SwapKV`)."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
@@ -153,7 +163,9 @@ class Instance:
             self.engine: RolloutEngine = (
                 _vllm_engine(path, max_batch, seed)
                 if EngineKind(engine) is EngineKind.VLLM
-                else _torch_engine(path, max_batch, use_cache, seed, dtype, prefix_cache_tokens)
+                else _torch_engine(
+                    path, max_batch, use_cache, seed, dtype, prefix_cache_tokens, SwapKV(swap_kv)
+                )
             )
         except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later
             self.unavailable = f"cannot start its {engine} engine: {err}"

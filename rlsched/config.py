@@ -19,7 +19,7 @@ from rlsched.core.fleet_io import RelayParams
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
-from rlsched.policy.versions import PipelineMode, pipeline_problem
+from rlsched.policy.versions import InflightUpdate, PipelineMode, SwapKV, pipeline_problem
 from rlsched.transfer.plane import Plane
 from verifiers.sandbox import Isolation, SandboxPolicy
 
@@ -383,6 +383,17 @@ class RolloutConfig(Section):
     instances: int = Field(2, ge=1, description="static rollout instances, started with the job")
     cpus_per_instance: float = Field(1.0, gt=0, description="CPUs each instance holds")
     max_staleness: int = Field(0, ge=0, description="versions a sample may lag the one being trained")
+    inflight_update: InflightUpdate = Field(
+        InflightUpdate.FINISH,
+        description="async: a version that reaches a busy instance: finish (its running requests end on "
+        "the version they began with, then it pulls) or swap (pulled while they run and swapped in between "
+        "two decoding steps; torch engine only, vllm falls back to finish)",
+    )
+    swap_kv: SwapKV = Field(
+        SwapKV.RECOMPUTE,
+        description="after an in-flight swap: recompute the running requests' keys and values under the "
+        "new weights, or keep the old ones (an approximation; scripts/bench_inflight.py measures its drift)",
+    )
     request_batch: int = Field(
         16, ge=1, description="requests handed to an instance at a time; a joiner takes from what is left"
     )

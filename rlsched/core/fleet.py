@@ -378,10 +378,10 @@ class FleetCore:
         held = self._held(targets, e.hold)
         targets = [m for m in targets if m.name not in held]
         self.reloading = {m.name for m in targets}
-        mid_batch = [m for m in targets if m.running]  # a pipelined job's: they finish on their version
-        for m in mid_batch:
-            m.reload_due = True
-        targets = [m for m in targets if not m.running]
+        if not self.params.swap_in_flight:  # a pipelined job's busy ones finish their batch first
+            for m in targets:
+                m.reload_due = bool(m.running)
+            targets = [m for m in targets if not m.running]
         plan = self._reload_plan(targets)
         for m in targets:
             self._pull(m, e.at, reload=True, sources=plan.get(m.name, ()))

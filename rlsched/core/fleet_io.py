@@ -63,6 +63,7 @@ class FleetParams:
     cost: ResumeCost = field(default_factory=lambda: ResumeCost(5000.0, 50.0))  # prices resume and restart
     windows: tuple[Window, ...] = ()
     relay: RelayParams | None = None  # None: every instance pulls from the trainer alone
+    swap_in_flight: bool = False  # a reload reaches busy instances at once (else after their batch)
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,8 +161,25 @@ class PipelineCore:
             Reloaded: self._reloaded,
         }
 
+    def restore(
+        self, groups: Sequence[Mapping[str, int]], at: float, dropped_groups: int = 0, buffer_peak: int = 0
+    ) -> None:
+        """Before `start`: judged groups a resumed job had waiting for the trainer (oldest first), each
+        as request -> the oldest version of its tokens, back in the buffer ahead of every new wave, and
+        the counters it carried. The staleness bound applies to them as to any group."""
+        self.dropped_groups, self.buffer_peak = dropped_groups, buffer_peak
+        wave = self.steps  # older than any wave this pipeline sends out
+        self._wave_started.setdefault(wave, at)
+        for versions in groups:
+            group = _Group(wave, tuple(versions), dict(versions), set(versions), at)
+            self._arrival_at.update(dict.fromkeys(versions, at))
+            insort(self.buffer, group, key=lambda g: (g.wave, g.done_at))
+        self.buffer_peak = max(self.buffer_peak, len(self.buffer))
+
     def start(self) -> list[Effect]:
-        """The first waves that may go out (those the staleness bound allows before any update)."""
+        """The first waves that may go out (those the staleness bound allows before any update), after
+        a step on restored groups if they make a batch."""
+        self._maybe_update()
         self._maybe_generate()
         return self._take()
 

@@ -87,13 +87,29 @@ class Sample:
     stop_reason: str | int | None = None
     resumed_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
-    # the version its first token was sampled at, where a new one was swapped in while it ran
-    # (`weight_version` is the one it finished at); None: one version sampled it all
-    started_version: WeightVersion | None = None
+    # where a new version was swapped in while it ran: (version, index of the first output token that
+    # version sampled), oldest first; empty: `weight_version` sampled it all
+    version_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def started_version(self) -> WeightVersion | None:
+        """The version its first token was sampled at, where a newer one finished it; else None."""
+        return WeightVersion(self.version_spans[0][0]) if len(self.version_spans) > 1 else None
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest version that sampled any of its tokens: what its staleness counts from."""
+        return self.version_spans[0][0] if self.version_spans else int(self.weight_version)
+
+    def token_versions(self) -> list[tuple[int, int, int]]:
+        """(version, first token, end) for each version that sampled a run of its tokens."""
+        spans = self.version_spans or ((int(self.weight_version), 0),)
+        ends = [start for _, start in spans[1:]] + [len(self.token_ids)]
+        return [(v, start, end) for (v, start), end in zip(spans, ends, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class ModelStage:
     lock the engine holds around each forward) and calls `swapped` there (the engine's new version)."""
 
     def __init__(
-        self, model: torch.nn.Module, lock: threading.Lock, swapped: Callable[[], None] = lambda: None
+        self, model: torch.nn.Module, lock: threading.RLock, swapped: Callable[[], None] = lambda: None
     ) -> None:
         self._model = model
         self._lock = lock

@@ -65,6 +65,7 @@ from rlsched.engine.staging import ModelStage
 from rlsched.engine.turns import Turns
 from rlsched.model.checkpoint import checksum, load_state_bytes
 from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from rlsched.policy.versions import SwapKV
 from rlsched.transfer.manifest import Buffer
 
 
@@ -85,7 +86,8 @@ class _Row:
     fed: int = 0  # tokens in the cache (the position of the next fed token)
     cached: int = 0  # prompt tokens copied in from the prefix cache
     finish: FinishReason = FinishReason.STOP  # set when it finishes
-    version: int = 0  # the engine's weight version when it was admitted
+    spans: list[tuple[int, int]] = field(default_factory=list)  # (version, first output token it sampled)
+    kv_version: int = 0  # the version its cache's keys and values were computed under
 
     @property
     def length(self) -> int:
@@ -124,9 +126,11 @@ class TorchRolloutEngine:
         version: int = 0,
         use_cache: bool = True,
         prefix_cache_blocks: int = 0,
+        swap_kv: SwapKV = SwapKV.RECOMPUTE,
     ) -> None:
         """`prefix_cache_blocks`: blocks of 16 tokens whose keys and values are kept for requests
-        that share a prefix (`rlsched.engine.prefix_cache`; 0: none)."""
+        that share a prefix (`rlsched.engine.prefix_cache`; 0: none). `swap_kv`: what becomes of a
+        running request's keys and values when a new version is swapped in under it."""
         register()
         model.set_attn_implementation(ATTENTION)
         self.model = model.eval()
@@ -153,7 +157,10 @@ class TorchRolloutEngine:
         self._events: TokenSink | None = None  # the running serve's token sink
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks and use_cache else None
         self._lock = threading.Lock()
-        self._step = threading.Lock()  # held around each forward: a staged version swaps in between
+        self._step = threading.RLock()  # held around each forward: a staged version swaps in between
+        self._ran = self._version  # the version the latest forward ran under
+        self.swap_kv = swap_kv
+        self.recomputed_tokens = 0  # keys and values recomputed after in-flight swaps
         self._turns = Turns()  # one batch loop at a time (a generate, or a serve with work), in turn
 
     @property
@@ -299,10 +306,11 @@ class TorchRolloutEngine:
         cache = self._reserve(start + len(reqs), width, start, live_slots)
         found = {i: self._cached_blocks(reqs[i]) for i in unique}
         seqs, targets = [prefixes[i] for i in unique], [start + i for i in unique]
-        if any(found.values()):
-            logits = self._extend(seqs, [found[i] for i in unique], targets, width, keep, cache)
-        else:
-            logits = self._prefill(seqs, targets, width, keep, cache)
+        with self._step:  # the prefix cache's blocks and the prefill under one version
+            if any(found.values()):
+                logits = self._extend(seqs, [found[i] for i in unique], targets, width, keep, cache)
+            else:
+                logits = self._prefill(seqs, targets, width, keep, cache)
         if self.prefix_cache is not None:
             for i in unique:
                 self.prefix_cache.store(prefixes[i], cache, start + i, width - len(prefixes[i]))
@@ -312,6 +320,7 @@ class TorchRolloutEngine:
             if src != i:
                 cache.copy_row(start + src, start + i, width)
             row.base, row.end, row.fed = width - len(prefixes[i]), width, len(prefixes[i])
+            row.spans, row.kv_version = [(int(self._ran), 0)], int(self._ran)
             row.cached = len(found[src]) * BLOCK
             self._resume_logprobs(row, logits[at[src]])
         live.extend(rows)
@@ -390,6 +399,15 @@ class TorchRolloutEngine:
         if not self.use_cache:
             yield from self._recompute(live, cache)
             return
+        with self._step:  # no version swaps in between the recomputation and the step
+            if self.swap_kv is SwapKV.RECOMPUTE:
+                self._recompute_stale(live, cache)
+            last = self._decode_logits(live, cache)
+        yield from self._advance(live, cache, last, range(b))
+
+    def _decode_logits(self, live: list[_Row], cache: SlotCache) -> torch.Tensor:
+        """Each live row's latest token fed (its keys and values written), the next token's logits."""
+        b = len(live)
         ids = torch.tensor([[r.tokens[-1]] for r in live])
         positions = torch.tensor([[r.fed] for r in live])
         ends = torch.tensor([r.end for r in live])
@@ -409,7 +427,22 @@ class TorchRolloutEngine:
         for r in live:
             r.fed += 1
             r.end += 1
-        yield from self._advance(live, cache, last, range(b))
+        return last
+
+    def _recompute_stale(self, live: list[_Row], cache: SlotCache) -> None:
+        """After an in-flight swap, the keys and values of the tokens each running row has fed so far,
+        computed anew under the version now in (one prefill per cache layout: rows admitted
+        together share one), in place: each row keeps its slots."""
+        stale = [i for i, r in enumerate(live) if r.kv_version != self._version]
+        by_end: dict[int, list[int]] = {}
+        for i in stale:
+            by_end.setdefault(live[i].end, []).append(i)
+        for end, rows in by_end.items():
+            seqs = [(*live[i].req.prompt_ids, *live[i].tokens)[: live[i].fed] for i in rows]
+            self._prefill(seqs, rows, end, 1, cache)
+            for i in rows:
+                live[i].kv_version = self._ran
+            self.recomputed_tokens += sum(len(seq) for seq in seqs)
 
     def _recompute(self, live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
         """The no-cache baseline: every live sequence run whole, its last logits sampled."""
@@ -418,11 +451,13 @@ class TorchRolloutEngine:
         last = self._prefill(seqs, list(range(len(live))), width, 1, cache)[:, -1]
         for r, seq in zip(live, seqs, strict=True):
             r.base, r.end, r.fed = width - len(seq), width, len(seq)
+            r.kv_version = self._ran
         yield from self._advance(live, cache, last, range(len(live)))
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: Step, keep: int) -> torch.Tensor:
         dev = self._device
         with self._step:
+            self._ran = self._version
             out = self.model(
                 input_ids=ids.to(dev),
                 position_ids=positions.to(dev),
@@ -454,6 +489,8 @@ class TorchRolloutEngine:
             if self._finished_before(row):
                 done.append(i)
                 continue
+            if row.spans[-1][0] != self._ran:  # a version swapped in while it ran samples from here on
+                row.spans.append((int(self._ran), len(row.tokens)))
             row.tokens.append(tok)
             row.logprobs.append(lp)
             events.append(TokenEvent(row.req.request_id, tok, lp, top))
@@ -463,7 +500,7 @@ class TorchRolloutEngine:
             self._events(events)
         for i in sorted(done, reverse=True):
             row = live[i]
-            if self.prefix_cache is not None:  # the next turn of a conversation starts with all this
+            if self.prefix_cache is not None and row.kv_version == self._version:  # the next turn starts so
                 fed = (*row.req.prompt_ids, *row.tokens)[: row.fed]
                 self.prefix_cache.store(fed, cache, i, row.base)
             yield self._sample(row, row.finish)
@@ -474,7 +511,7 @@ class TorchRolloutEngine:
 
     def _new_row(self, req: GenerationRequest) -> _Row:
         gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
-        row = _Row(req=req, generator=gen, reported=len(req.resume_ids), version=int(self._version))
+        row = _Row(req=req, generator=gen, reported=len(req.resume_ids))
         if req.params.stop:
             row.detok = IncrementalDetokenizer(self.tokenizer)
         return row
@@ -556,11 +593,11 @@ class TorchRolloutEngine:
             logprobs=tuple(row.logprobs),
             text=text,
             finish_reason=reason,
-            weight_version=self._version,
+            weight_version=WeightVersion(row.spans[-1][0]),
             stop_reason=row.stop_reason,
             resumed_tokens=len(row.req.resume_ids),
             cached_tokens=row.cached,
-            started_version=None if row.version == self._version else WeightVersion(row.version),
+            version_spans=tuple(row.spans) if len(row.spans) > 1 else (),
         )
 
 

@@ -10,6 +10,9 @@ version that sampled any of its tokens (`staleness`). The iteration runs in one 
 (`PipelineMode`): `sync` generates, updates and publishes one after another; `async` keeps generating
 for the next iterations while the trainer updates, which needs `max_staleness` of at least 1 and a
 buffer of judged groups of at least one batch (`pipeline_problem` says what is wrong with a choice).
+A version that reaches an instance mid-batch is either taken after the batch (`InflightUpdate.FINISH`)
+or swapped in between two decoding steps (`SWAP`), the running requests' earlier keys and values
+recomputed or kept (`SwapKV`); each token then records the version that sampled it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,20 @@ from enum import StrEnum
 class PipelineMode(StrEnum):
     SYNC = "sync"  # generate, verify, update, publish, reload: one iteration after another
     ASYNC = "async"  # generation runs ahead of training by up to max_staleness versions
+
+
+class InflightUpdate(StrEnum):
+    """What an instance's running requests do when a new version reaches it mid-batch (async mode)."""
+
+    FINISH = "finish"  # they finish on the version they began with; the instance pulls after the batch
+    SWAP = "swap"  # the version is pulled while they run and swapped in between two decoding steps
+
+
+class SwapKV(StrEnum):
+    """After an in-flight swap, the keys and values of each running request's earlier tokens."""
+
+    RECOMPUTE = "recompute"  # recomputed under the new weights before the next decoding step (exact)
+    KEEP = "keep"  # kept as the old weights computed them: an approximation, its drift measured
 
 
 def oldest_admissible(latest: int, max_staleness: int) -> int:

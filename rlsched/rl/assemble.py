@@ -44,7 +44,7 @@ def assemble(
         if not all(isinstance(o, Verdict) for o in judged):
             faults += sum(isinstance(o, ExecutionFault) for o in judged)
             continue
-        if oldest is not None and any(samples[r].weight_version < oldest for r in group):
+        if oldest is not None and any(samples[r].oldest_version < oldest for r in group):
             stale += len(group)
             continue
         kept.append(group)

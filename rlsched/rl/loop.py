@@ -153,7 +153,7 @@ class GRPOLoop:
         outcomes: dict[RequestId, Outcome] = {}
         for sample in self.engine.generate(requests):  # each sample is judged the moment it exists
             samples[sample.request_id] = sample
-            arrived = it.SampleArrived(time.monotonic(), sample.request_id, int(sample.weight_version))
+            arrived = it.SampleArrived(time.monotonic(), sample.request_id, sample.oldest_version)
             for verify in self._feed(arrived):
                 for rid in verify.request_ids:
                     outcomes[RequestId(rid)] = self.verify(

@@ -63,6 +63,11 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     upload_path TEXT,
     upload_s REAL
 );
+CREATE TABLE IF NOT EXISTS pending (
+    iteration INTEGER PRIMARY KEY,
+    body TEXT NOT NULL,
+    sha256 TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -296,17 +301,43 @@ class CommitLog:
     # -- checkpoints --------------------------------------------------------------------------------
 
     def add_checkpoint(
-        self, iteration: int, path: str, sha256: str, nbytes: int, save_s: float, upload: bool
+        self,
+        iteration: int,
+        path: str,
+        sha256: str,
+        nbytes: int,
+        save_s: float,
+        upload: bool,
+        pending: str | None = None,
     ) -> None:
-        self._tx(
-            [
+        """A sealed checkpoint, and in the same transaction the work a pipelined job held beside it
+        (`pending`: `rlsched.rl.pending.PendingWork` as JSON), checksummed."""
+        statements: list[tuple[str, Sequence[Any]]] = [
+            (
+                "INSERT OR REPLACE INTO checkpoints(iteration, path, sha256, nbytes, save_s, upload) "
+                "VALUES (?,?,?,?,?,?)",
+                (iteration, path, sha256, nbytes, save_s, Upload.PENDING.value if upload else None),
+            ),
+            ("DELETE FROM pending WHERE iteration=?", (iteration,)),
+        ]
+        if pending is not None:
+            statements.append(
                 (
-                    "INSERT OR REPLACE INTO checkpoints(iteration, path, sha256, nbytes, save_s, upload) "
-                    "VALUES (?,?,?,?,?,?)",
-                    (iteration, path, sha256, nbytes, save_s, Upload.PENDING.value if upload else None),
+                    "INSERT INTO pending(iteration, body, sha256) VALUES (?,?,?)",
+                    (iteration, pending, _sha(pending)),
                 )
-            ]
-        )
+            )
+        self._tx(statements)
+
+    def pending(self, iteration: int) -> str | None:
+        """The work held beside the checkpoint of `iteration` (None: none was); refused if damaged."""
+        rows = self._read("SELECT body, sha256 FROM pending WHERE iteration=?", (iteration,))
+        if not rows:
+            return None
+        body, sha = rows[0]
+        if _sha(body) != sha:
+            raise CorruptLog(f"the work held beside checkpoint {iteration} does not match its checksum")
+        return str(body)
 
     def set_upload(self, iteration: int, state: Upload, path: str | None, seconds: float | None) -> None:
         self._tx(
@@ -319,7 +350,12 @@ class CommitLog:
         )
 
     def drop_checkpoint(self, iteration: int) -> None:
-        self._tx([("DELETE FROM checkpoints WHERE iteration=?", (iteration,))])
+        self._tx(
+            [
+                ("DELETE FROM checkpoints WHERE iteration=?", (iteration,)),
+                ("DELETE FROM pending WHERE iteration=?", (iteration,)),
+            ]
+        )
 
     def checkpoints(self) -> list[CheckpointRow]:
         rows = self._read(

@@ -158,3 +158,22 @@ def test_a_snapshot_comes_back_only_to_its_owner_and_only_intact(tmp_path: Path)
     db.close()
     with pytest.raises(SnapshotError, match="checksum"):
         SnapshotStore(tmp_path / "s.sqlite").load("core", "owner-a")
+
+
+def test_the_work_a_pipelined_job_held_is_kept_with_its_checkpoint_and_pruned_with_it(tmp_path: Path) -> None:
+    log = _log(tmp_path)
+    log.add_checkpoint(2, "/x/iter-2", "ab" * 32, 10, 0.5, upload=False, pending='{"groups":[]}')
+    log.add_checkpoint(3, "/x/iter-3", "cd" * 32, 10, 0.5, upload=False)
+    assert log.pending(2) == '{"groups":[]}' and log.pending(3) is None
+    log.close()
+    again = CommitLog(tmp_path / "commit.sqlite", create=False)
+    assert again.pending(2) == '{"groups":[]}'
+    again.drop_checkpoint(2)
+    assert again.pending(2) is None
+    again.add_checkpoint(3, "/x/iter-3", "cd" * 32, 10, 0.5, upload=False, pending='{"x":1}')
+    again.close()
+    with sqlite3.connect(tmp_path / "commit.sqlite") as db:
+        db.execute("UPDATE pending SET body='{\"x\":2}' WHERE iteration=3")
+    damaged = CommitLog(tmp_path / "commit.sqlite", create=False)
+    with pytest.raises(CorruptLog, match="checkpoint 3 does not match its checksum"):
+        damaged.pending(3)

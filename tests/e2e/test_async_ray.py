@@ -1,19 +1,29 @@
 """`schedule.mode: async` on an embedded Ray cluster, with a deliberately slow trainer (four optimizer
 steps per batch over small micro-batches): instances generate while the trainer updates, every step
-is committed once, and no sample is trained past the staleness bound."""
+is committed once, and no sample is trained past the staleness bound. The run is then resumed for
+four more steps with in-flight weight swaps and generation longer than an update: the judged groups
+its last checkpoint held come back, every problem drawn is trained, left out, dropped or still held
+exactly once, samples are swapped mid-generation, each token with its version, and the bound holds
+on the oldest of them."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
+from rlsched.rl.pending import PendingWork
+from rlsched.store.commit_log import CommitLog
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
-STEPS, K = 8, 1
+STEPS, MORE, K = 8, 4, 1
+GROUP = 8
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +41,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "eval.curve_size=32",
         "checkpoint.every=4",
     ]
+    _rlsched(["--out", str(out)], settings)
+    return out
+
+
+def _rlsched(args: list[str], settings: list[str]) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/quickstart.yaml", "--out", str(out)]
+        [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/quickstart.yaml", *args]
         + [a for s in settings for a in ("--set", s)],
         capture_output=True,
         text=True,
@@ -40,7 +55,25 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def resumed(run: Path) -> tuple[Path, str]:
+    """The run resumed to STEPS + MORE steps: generation four times longer, new versions swapped in."""
+    settings = [
+        "schedule.mode=async",
+        f"rollout.max_staleness={K}",
+        f"grpo.steps={STEPS + MORE}",
+        "rollout.inflight_update=swap",
+        "sampling.max_tokens=32",
+        "sampling.ignore_eos=true",
+        "eval.every_steps=4",
+        "task.eval_size=64",
+        "eval.curve_size=32",
+        "checkpoint.every=4",
+    ]
+    return run, _rlsched(["--resume", str(run)], settings)
 
 
 def rows(out: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -82,3 +115,38 @@ def test_the_trainer_updates_while_instances_generate_later_iterations(run: Path
 def test_each_record_carries_the_importance_weights(run: Path) -> None:
     importance = rows(run)[-1]["extra"]["importance"]
     assert importance["correction"] == "decoupled" and importance["max"] >= importance["mean"] > 0
+
+
+def test_a_resume_brings_back_the_judged_groups_and_draws_the_problems_in_flight_again(
+    resumed: tuple[Path, str],
+) -> None:
+    run, out = resumed
+    assert re.search(r"[1-9]\d* judged group\(s\) the checkpoint held are back in the buffer", out), out[
+        -3000:
+    ]
+    got = rows(run)
+    assert [r["iteration"] for r in got] == list(range(1, STEPS + MORE + 1))
+    # every problem drawn is accounted for once: trained or left out, dropped, or held at the end
+    log = CommitLog(run / "commit.sqlite", create=False)
+    final = log.entries()[-1]
+    held = PendingWork.of_json(log.pending(STEPS + MORE) or "")
+    consumed = sum(r["samples"] for r in got) // GROUP
+    dropped = got[-1]["extra"]["stale_groups_dropped"]
+    assert consumed + dropped + len(held.groups) + len(held.problems) == final.cursor
+
+
+def test_versions_swapped_in_mid_generation_are_recorded_per_token_and_the_bound_holds(
+    resumed: tuple[Path, str],
+) -> None:
+    run, _ = resumed
+    later = rows(run)[STEPS:]
+    assert sum(r["extra"]["swapped_samples"] for r in later) > 0
+    for r in later:
+        assert min(r["extra"]["sample_versions"]) >= r["iteration"] - 1 - K  # the oldest token's version
+        assert max(int(k) for k in r["extra"]["staleness"]) <= K
+    trace = json.loads((run / "timeline.json").read_text())["traceEvents"]
+    spans = [e["args"]["token_versions"] for e in trace if "token_versions" in e.get("args", {})]
+    assert spans
+    for runs in spans:  # [[version, first, end], ...]: back to back from token 0, newer each time
+        assert len(runs) >= 2 and runs[0][1] == 0
+        assert all(b[1] == a[2] and b[0] > a[0] for a, b in pairwise(runs))

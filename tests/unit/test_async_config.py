@@ -45,3 +45,34 @@ def test_async_with_local_exits_2_with_the_fix() -> None:
     )
     assert proc.returncode == 2 and "drop --local, or set schedule.mode sync" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("settings", "swaps", "fallback"),
+    [
+        ([], False, None),
+        (["rollout.inflight_update=swap"], True, None),
+        (
+            ["rollout.inflight_update=swap", "engine.kind=vllm"],
+            False,
+            "engine vllm loads a version only between",
+        ),
+        (["engine.kind=vllm"], False, None),
+    ],
+)
+def test_in_flight_swaps_reach_the_fleet_core_only_where_the_engine_can_swap(
+    settings: list[str], swaps: bool, fallback: str | None
+) -> None:
+    from actors.fleet import fleet_params, swap_fallback
+
+    cfg = load_config(QUICKSTART, ["schedule.mode=async", "rollout.max_staleness=1", *settings])
+    assert fleet_params(cfg).swap_in_flight is swaps
+    reason = swap_fallback(cfg)
+    assert (reason is None) if fallback is None else (reason is not None and fallback in reason)
+    if reason is not None:
+        assert "finish on the old version" in reason
+
+
+def test_an_unknown_in_flight_behaviour_is_refused_with_the_choices() -> None:
+    with pytest.raises(UserError, match=r"finish.*swap"):
+        load_config(QUICKSTART, ["rollout.inflight_update=pause"])

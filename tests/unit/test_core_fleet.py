@@ -511,3 +511,34 @@ def test_an_instance_that_drains_mid_reload_no_longer_holds_the_reload_up() -> N
     for rid in ("r0", "r1"):
         c.handle(fx.Arrived(2.0, "rollout-0", rid))
     assert fx.ReloadDone() in c.handle(fx.StreamEnded(2.0, "rollout-0")) and c.reloading is None
+
+
+def test_with_in_flight_swaps_a_reload_reaches_busy_instances_at_once_and_their_batch_goes_on() -> None:
+    c = core(ready=2, request_batch=2, max_staleness=1, swap_in_flight=True)
+    c.handle(fx.Begun(0.0, 1, reqs(2)))  # r0 r1 on rollout-0; rollout-1 idle
+    c.handle(fx.Published(1.0, 1))
+    pulls = c.handle(fx.ReloadAsked(1.0))
+    assert pulls == [fx.StartPull("rollout-0", 1, RELOAD), fx.StartPull("rollout-1", 1, RELOAD)]
+    assert c.handle(fx.Arrived(1.5, "rollout-0", "r0")) == [fx.Accepted("rollout-0", "r0", None)]
+    c.handle(fx.PullDone(2.0, "rollout-1", 1))
+    assert only(c.handle(fx.PullDone(2.5, "rollout-0", 1)), fx.ReloadDone) == [fx.ReloadDone()]
+    assert c.handle(fx.Arrived(3.0, "rollout-0", "r1")) == [fx.Accepted("rollout-0", "r1", None)]
+    assert c.handle(fx.StreamEnded(3.0, "rollout-0")) == []  # swapped in already: nothing left to pull
+    assert c.serving_versions() == {"rollout-0": 1, "rollout-1": 1} and c.outstanding == 0
+
+
+@pytest.mark.parametrize("leave", [Leave.DRAINING, Leave.PREEMPTED])
+def test_an_instance_reclaimed_while_it_swaps_under_a_running_batch_loses_nothing(leave: Leave) -> None:
+    """Mid-pull it has nothing it could finish on a confirmed version: it goes at once, and its
+    requests resume elsewhere from what the store saved of them."""
+    c = core(ready=2, request_batch=2, max_staleness=1, swap_in_flight=True)
+    c.handle(fx.Begun(0.0, 1, reqs(2)))
+    c.handle(fx.Published(1.0, 1))
+    c.handle(fx.ReloadAsked(1.0))
+    c.handle(fx.Arrived(1.2, "rollout-0", "r0"))
+    c.handle(fx.PullDone(1.5, "rollout-1", 1))
+    out = c.handle(fx.Reclaimed(2.0, "rollout-0", leave, "reclaimed"))
+    assert fx.ReadSaved("rollout-0", ("r1",)) in out and c.reloading is None
+    resumed = c.handle(fx.SavedRead(2.5, "rollout-0", (("r1", 3),)))
+    assert only(resumed, fx.Route) == [fx.Route("rollout-1", ("r1",), 2, (3,))]
+    assert c.serving_versions() == {"rollout-1": 1} and c.outstanding == 1

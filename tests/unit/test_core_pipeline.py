@@ -120,6 +120,28 @@ def test_generation_pauses_while_the_buffer_is_full() -> None:
     assert core.handle(Started(2.0, 4, ids(4))) == []  # the one announced before goes out; no more
 
 
+def test_a_resumed_pipeline_trains_its_restored_groups_first_and_drops_those_past_the_bound() -> None:
+    """Resumed after step 4 at version 4: a group sampled at version 3 is 1 stale, trained first; one
+    with a token of version 2 is 2 stale, dropped whole and counted after the run's earlier drops."""
+    core = PipelineCore(params(batch_groups=1, buffer_groups=3), version=4, steps=4)
+    old = [{"5-0": 3, "5-1": 3}, {"6-0": 3, "6-1": 2}]
+    core.restore(old, at=10.0, dropped_groups=5, buffer_peak=3)
+    effects = core.start()
+    assert effects[0] == Dropped(("6-0", "6-1"), 3)
+    assert Update(5, ("5-0", "5-1"), 3, ((1, 2),)) in effects
+    assert effects.count(Generate(5)) == 1  # new waves go out behind them
+    assert core.dropped_groups == 6 and core.buffer_peak == 3 and core.buffer == []
+
+
+def test_restored_groups_that_fill_the_buffer_hold_new_waves_back_until_a_step_takes_them() -> None:
+    core = PipelineCore(params(batch_groups=2, buffer_groups=2), version=2, steps=2)
+    core.restore([{"3-0": 2, "3-1": 2}], at=0.0)
+    assert core.start() == [Generate(3)]  # one group: no batch yet; room for new work
+    core = PipelineCore(params(batch_groups=1, buffer_groups=1), version=2, steps=2)
+    core.restore([{"3-0": 2, "3-1": 2}, {"4-0": 2, "4-1": 2}], at=0.0)
+    assert core.start() == [Update(3, ("3-0", "3-1"), 1, ((0, 2),))]  # the other still fills the buffer
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
