@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from rlsched.calc_env import add_parser as add_env_parser
+from rlsched.calc_env import calc_env
 from rlsched.errors import UserError
 from rlsched.policy import bandwidth, durability, elastic, queueing, resume
 from rlsched.policy import iteration as iteration_model
@@ -319,6 +321,7 @@ CALCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "breakeven": calc_breakeven,
     "resume": calc_resume,
     "commit": calc_commit,
+    "env": calc_env,
 }
 
 
@@ -410,7 +413,7 @@ def add_parsers(sub: Any) -> None:
         "--per-record-s", type=float, default=0.0, metavar="S", help="seconds per record committed"
     )
     cm.add_argument("--every", default="1", metavar="K1,K2,...", help="requests per commit (default 1)")
-    for p in (it, q, b, r, ls, d, t, w, be, rs, cm):
+    for p in (it, q, b, r, ls, d, t, w, be, rs, cm, *add_env_parser(sub)):
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -419,4 +422,6 @@ def run(name: str, args: argparse.Namespace) -> str:
         result = CALCS[name](args)
     except ValueError as err:
         raise UserError(f"calc {name}: {err}") from None
+    if name == "env":
+        name = f"env {args.env_model}"
     return json.dumps({"calc": name, **result}) if args.json else render(name, result)

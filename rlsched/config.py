@@ -218,7 +218,10 @@ class GRPOConfig(Section):
         "(against the proximal policy, the ablation), truncated_is, or decoupled (docs/async.md)",
     )
     importance_cap: float = Field(
-        2.0, gt=1.0, description="truncated_is and decoupled: importance weights are capped here"
+        5.0,
+        gt=1.0,
+        description="truncated_is and decoupled: importance weights are capped here (docs/async.md: "
+        "2 held the quickstart's async pass rate 10-20 points below sync's)",
     )
 
     @model_validator(mode="after")

@@ -93,7 +93,7 @@ def grpo_loss(
     token_count: float | None = None,
     correction: Correction = Correction.BEHAVIOUR,
     prox_logp: torch.Tensor | None = None,
-    cap: float = 2.0,
+    cap: float = 5.0,
 ) -> tuple[torch.Tensor, LossStats]:
     """All tensors [B, T] except `advantages` [B]; `mask` marks completion tokens; `old_logp` is the
     behaviour policy's, `prox_logp` the proximal policy's (needed by `none` and `decoupled`).

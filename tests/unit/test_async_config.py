@@ -76,3 +76,18 @@ def test_in_flight_swaps_reach_the_fleet_core_only_where_the_engine_can_swap(
 def test_an_unknown_in_flight_behaviour_is_refused_with_the_choices() -> None:
     with pytest.raises(UserError, match=r"finish.*swap"):
         load_config(QUICKSTART, ["rollout.inflight_update=pause"])
+
+
+def test_a_fleet_of_engines_that_cannot_swap_says_why_it_finishes_on_the_old_version() -> None:
+    import time
+
+    from actors.fleet import Fleet
+
+    logged: list[str] = []
+    sets = ["schedule.mode=async", "rollout.max_staleness=1", "rollout.inflight_update=swap"]
+    cfg = load_config(QUICKSTART, [*sets, "engine.kind=vllm"])
+    fleet = Fleet(cfg, None, None, [], time.monotonic, logged.append)
+    assert not fleet.core.params.swap_in_flight
+    assert len(logged) == 1 and "engine vllm loads a version only between generate calls" in logged[0]
+    Fleet(load_config(QUICKSTART, sets), None, None, [], time.monotonic, logged.append)
+    assert len(logged) == 1  # the torch engine swaps: nothing to say

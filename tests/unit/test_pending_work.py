@@ -17,11 +17,9 @@ def _sample(rid: str, spans: tuple[tuple[int, int], ...] = ()) -> Sample:
 
 def test_held_work_round_trips_through_json() -> None:
     swapped = _sample("5-0-0", ((3, 0), (4, 2)))
+    outcomes = (Verdict("5-0-0@1", 1.0, True, "ok"), ExecutionFault("5-0-1@1", FaultKind.TIMEOUT, "slow", 1))
     work = PendingWork(
-        groups=(
-            JudgedGroup(5, (swapped, _sample("5-0-1")), (Verdict("5-0-0@1", 1.0, True, "ok"),
-                        ExecutionFault("5-0-1@1", FaultKind.TIMEOUT, "slow", 1))),
-        ),  # fmt: skip
+        groups=(JudgedGroup(5, (swapped, _sample("5-0-1")), outcomes),),
         problems=(17, 18),
         dropped_groups=2,
         buffer_peak=9,
