@@ -254,3 +254,121 @@ def cost_per_success(total_cost: float, attempts: int, successes: int, success_c
     if successes > attempts:
         raise ValueError(f"successes ({successes}) cannot exceed attempts ({attempts})")
     return CostPerSuccess(total_cost / successes, success_cost / successes)
+
+
+# -- admission by the binding resource ---------------------------------------------------------------
+
+RESOURCES = ("memory", "cpu", "slots")
+UNITS = {"memory": "GiB of environment memory", "cpu": "cores", "slots": "model slots"}
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What an episode holds while it runs: its environment's memory, CPU and the model's slots."""
+
+    memory_gib: float = 0.0
+    cpu: float = 0.0
+    slots: float = 0.0
+
+    def amount(self, resource: str) -> float:
+        return {"memory": self.memory_gib, "cpu": self.cpu, "slots": self.slots}[resource]
+
+    def plus(self, other: Reservation) -> Reservation:
+        return Reservation(self.memory_gib + other.memory_gib, self.cpu + other.cpu, self.slots + other.slots)
+
+    def minus(self, other: Reservation) -> Reservation:
+        return Reservation(self.memory_gib - other.memory_gib, self.cpu - other.cpu, self.slots - other.slots)
+
+
+def _room(capacity: Capacity, resource: str) -> float:
+    return {
+        "memory": capacity.memory_gib - capacity.template_gib,
+        "cpu": capacity.cores,
+        "slots": capacity.slots,
+    }[resource]
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Little's law for episodes arriving at `rate` and holding a reservation `seconds` each."""
+
+    episodes: float  # N = lambda * T
+    demand: Reservation
+    utilisation: dict[str, float]
+    binding: str  # the resource with the highest utilisation
+    max_rate: float  # what the binding resource admits
+
+
+def steady_state(rate: float, seconds: float, each: Reservation, capacity: Capacity) -> SteadyState:
+    _non_negative(rate=rate, seconds=seconds)
+    n = rate * seconds
+    demand = Reservation(n * each.memory_gib, n * each.cpu, n * each.slots)
+    utilisation = {r: demand.amount(r) / _room(capacity, r) for r in RESOURCES}
+    binding = max(RESOURCES, key=lambda r: utilisation[r])
+    rates = [_room(capacity, r) / (each.amount(r) * seconds) for r in RESOURCES if each.amount(r) and seconds]
+    return SteadyState(n, demand, utilisation, binding, min(rates, default=math.inf))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    held: Reservation  # every reservation, this one's included
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Not admitted now: the resource that binds, and why, in words (the pending reason)."""
+
+    resource: str
+    reason: str
+
+
+def admit(
+    need: Reservation, held: Reservation, capacity: Capacity, forecast: SteadyState | None = None
+) -> Admitted | Pending:
+    """An episode is admitted while its reservation fits beside the ones held; otherwise it waits,
+    its reason naming the resource that binds (the fullest after it) and, with a forecast, what the
+    steady state would need of it."""
+    after = held.plus(need)
+    short = [r for r in RESOURCES if after.amount(r) > _room(capacity, r) + 1e-9]
+    if not short:
+        return Admitted(after)
+    resource = max(short, key=lambda r: after.amount(r) / _room(capacity, r))
+    reason = (
+        f"{UNITS[resource]}: {held.amount(resource):g} of {_room(capacity, resource):g} reserved, "
+        f"the episode needs {need.amount(resource):g}"
+    )
+    if forecast is not None:
+        reason += (
+            f"; in steady state {forecast.episodes:g} episodes would need "
+            f"{forecast.demand.amount(resource):g} ({100 * forecast.utilisation[resource]:.0f}%)"
+        )
+    return Pending(resource, reason)
+
+
+class MemoryLedger:
+    """Memory-seconds as admission counts them: reserved GiB x the seconds each reservation is held
+    (the clock is the caller's: wall time in the runtime, virtual time in the simulator)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[float, float]] = {}  # id -> (GiB, since)
+        self.gib_s = 0.0
+        self.peak_gib = 0.0
+        self._held = 0.0
+
+    def reserve(self, key: str, gib: float, at: float) -> None:
+        if key in self._open:
+            raise ValueError(f"{key} holds a reservation already")
+        self._open[key] = (gib, at)
+        self._held += gib
+        self.peak_gib = max(self.peak_gib, self._held)
+
+    def release(self, key: str, at: float) -> float:
+        """Close `key`'s reservation; the GiB-s it held."""
+        gib, since = self._open.pop(key)
+        self._held -= gib
+        held = gib * (at - since)
+        self.gib_s += held
+        return held
+
+    def held_gib(self) -> float:
+        return self._held

@@ -23,6 +23,12 @@ instances take the new version) -> COMMITTED (its record may be written; the nex
 A pipelined (`async`) iteration's trainer lane: IDLE -> UPDATING -> PUBLISHING -> IDLE, or
 UPDATING -> UPDATED (stepped, its publish waiting for the reload of the version before) -> PUBLISHING.
 
+An agent episode's execution environment: REQUESTED -> PREPARING -> READY <-> BUSY, BUSY -> IDLE
+(the model thinks) -> BUSY; IDLE -> PAUSING -> PAUSED -> RESUMING -> READY where pausing pays;
+RELEASED from any live state (the episode ended, a rebuild policy let it go with its files kept, a
+pre-warm prediction was wrong), FAILED from PREPARING, BUSY or RESUMING, and a failed one is then
+RELEASED too: nothing of it outlives the episode.
+
 A weight version: PUBLISHED (held by the weight service) -> CONFIRMED (an instance loaded it and its
 checksum matched) -> RETIRED (a newer version put it past the staleness bound: nothing may be
 generated with it any more). A version superseded before any instance confirmed it retires directly.
@@ -259,11 +265,86 @@ VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
 }
 
 
+class EnvState(StrEnum):
+    REQUESTED = "requested"
+    PREPARING = "preparing"
+    READY = "ready"
+    BUSY = "busy"
+    IDLE = "idle"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    RESUMING = "resuming"
+    RELEASED = "released"
+    FAILED = "failed"
+
+
+_E = EnvState
+ENV_TRANSITIONS: dict[EnvState, frozenset[EnvState]] = {
+    _E.REQUESTED: frozenset(
+        {
+            _E.PREPARING,  # admitted: its memory, CPU and slot reservation fits beside the others
+            _E.RELEASED,  # withdrawn before it began (its episode ended, or a pre-warm was cancelled)
+        }
+    ),
+    _E.PREPARING: frozenset(
+        {
+            _E.READY,  # its workspace is materialized and its process started
+            _E.FAILED,  # preparation failed: an execution fault, retried, never a zero reward
+            _E.RELEASED,  # cancelled while preparing (a wrong tool-type prediction, the episode ended)
+        }
+    ),
+    _E.READY: frozenset(
+        {
+            _E.BUSY,  # a tool call runs in it
+            _E.RELEASED,  # the episode ended, or its pre-warmed call never came
+        }
+    ),
+    _E.BUSY: frozenset(
+        {
+            _E.READY,  # the call ended and the tool put its workspace back as prepared
+            _E.IDLE,  # the call ended; the model thinks about its observation
+            _E.FAILED,  # the call broke the environment (its process died, or a hang was killed)
+            _E.RELEASED,  # the episode ended mid-call (a limit): the call is killed
+        }
+    ),
+    _E.IDLE: frozenset(
+        {
+            _E.BUSY,  # the next tool call of its episode
+            _E.PAUSING,  # pausing pays over the expected gap: price x memory x gap > save + restore
+            _E.RELEASED,  # released with its files kept outside (rebuild, prewarm), or the episode ended
+        }
+    ),
+    _E.PAUSING: frozenset(
+        {
+            _E.PAUSED,  # its memory is saved outside; what it held is free
+            _E.RELEASED,  # the episode ended while it was saved
+        }
+    ),
+    _E.PAUSED: frozenset(
+        {
+            _E.RESUMING,  # the next call is expected: restored ahead of it
+            _E.RELEASED,  # the episode ended while it was paused
+        }
+    ),
+    _E.RESUMING: frozenset(
+        {
+            _E.READY,  # restored as it was
+            _E.FAILED,  # the restore failed: prepared again, as an execution fault
+            _E.RELEASED,  # the episode ended while it was restored
+        }
+    ),
+    _E.RELEASED: frozenset(),  # terminal: its process, workspace and reservation are gone
+    _E.FAILED: frozenset({_E.RELEASED}),  # what is left of it is removed
+}
+
+
 class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase, TrainerPhase)
+S = TypeVar(
+    "S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase, TrainerPhase, EnvState
+)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
@@ -301,3 +382,7 @@ def iteration_transition(current: IterationPhase, target: IterationPhase) -> Ite
 
 def trainer_transition(current: TrainerPhase, target: TrainerPhase) -> TrainerPhase:
     return _checked(TRAINER_TRANSITIONS, "trainer", current, target)
+
+
+def env_transition(current: EnvState, target: EnvState) -> EnvState:
+    return _checked(ENV_TRANSITIONS, "environment", current, target)

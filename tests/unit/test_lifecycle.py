@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from rlsched.policy.lifecycle import (
+    ENV_TRANSITIONS,
     INSTANCE_TRANSITIONS,
     ITERATION_TRANSITIONS,
     JOB_TRANSITIONS,
@@ -16,6 +17,7 @@ from rlsched.policy.lifecycle import (
     TRAINER_TRANSITIONS,
     VERIFY_TRANSITIONS,
     VERSION_TRANSITIONS,
+    EnvState,
     IllegalTransition,
     InstanceState,
     IterationPhase,
@@ -24,6 +26,7 @@ from rlsched.policy.lifecycle import (
     TrainerPhase,
     VerifyState,
     VersionState,
+    env_transition,
     iteration_transition,
     job_transition,
     slot_transition,
@@ -41,6 +44,7 @@ TABLES: list[tuple[type[StrEnum], dict[Any, frozenset[Any]], Callable[[Any, Any]
     (VersionState, VERSION_TRANSITIONS, version_transition),
     (IterationPhase, ITERATION_TRANSITIONS, iteration_transition),
     (TrainerPhase, TRAINER_TRANSITIONS, trainer_transition),
+    (EnvState, ENV_TRANSITIONS, env_transition),
 ]
 
 
@@ -88,3 +92,23 @@ def test_the_object_store_path() -> None:
     ):
         s = transition(s, InstanceState(nxt))
     assert s is InstanceState.RELEASED
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "requested preparing ready busy idle busy idle released",  # resident
+        "requested preparing ready busy idle pausing paused resuming ready busy idle released",  # paused
+        "requested preparing ready busy ready busy idle released",  # reset after a call
+        "requested preparing released",  # a wrong pre-warm, cancelled at once
+        "requested preparing failed released",  # a failed preparation: a fault, and nothing left
+        "requested preparing ready busy failed released",  # a call that broke its environment
+        "requested preparing ready busy idle pausing paused resuming failed released",
+    ],
+)
+def test_the_environment_paths_the_policies_take(path: str) -> None:
+    states = [EnvState(s) for s in path.split()]
+    current = states[0]
+    for nxt in states[1:]:
+        current = env_transition(current, nxt)
+    assert current is EnvState.RELEASED and not ENV_TRANSITIONS[current]

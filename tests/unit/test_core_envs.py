@@ -1,0 +1,90 @@
+"""The environment core under each placement policy, by hand and through the simulator, against
+SPEC section 9's worked numbers (three rounds of a 9 s model call and a 1 s tool call, 2 GiB
+environments prepared in 2 s)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlsched.core import envs as ec
+from rlsched.core.envs import EnvParams, EnvPolicy, EnvType
+from rlsched.policy.environments import Capacity
+from rlsched.sim.envs import EpisodeSpec, simulate_envs
+
+ONE = {"tool": EnvType(memory_gib=2, prepare_s=2)}
+TWO = {"calc": EnvType(2, 2), "lookup": EnvType(2, 2)}
+UNBOUNDED = Capacity(cores=1e9, slots=1e9, memory_gib=1e9)
+CLUSTER = Capacity(cores=48, slots=320, memory_gib=358, template_gib=2)
+
+
+@pytest.mark.parametrize(
+    ("policy", "task_s", "gib_s", "wait_s"),
+    [(EnvPolicy.RESIDENT, 30, 60, 0), (EnvPolicy.REBUILD, 36, 18, 2), (EnvPolicy.PREWARM, 30, 18, 0)],
+)
+def test_one_episode_takes_the_chapters_time_and_memory(
+    policy: EnvPolicy, task_s: float, gib_s: float, wait_s: float
+) -> None:
+    run = simulate_envs(EnvParams(policy, ONE, UNBOUNDED, lead_s=2), EpisodeSpec(), episodes=1, rate=0)
+    assert (run.task_s, run.gib_s_per_task, run.wait_per_call_s) == (task_s, gib_s, wait_s)
+
+
+@pytest.mark.parametrize(("lead", "wait"), [(1, 1.25), (2, 0.5), (3, 0.5)])
+def test_prewarm_with_a_three_in_four_prediction_waits_as_the_formula_says(lead: float, wait: float) -> None:
+    spec = EpisodeSpec(mix={"calc": 0.5, "lookup": 0.5})
+    params = EnvParams(EnvPolicy.PREWARM, TWO, UNBOUNDED, lead_s=lead)
+    run = simulate_envs(params, spec, episodes=2000, rate=0, hit_rate=0.75, seed=1)
+    assert run.hit_rate == pytest.approx(0.75, abs=0.02)
+    assert run.wait_per_call_s == pytest.approx(wait, abs=0.05)  # E[W] = P - h min(P, L)
+
+
+def test_at_ten_tasks_a_second_memory_binds_resident_and_releasing_admits_them_all() -> None:
+    runs = {
+        p: simulate_envs(EnvParams(p, ONE, CLUSTER, lead_s=2, slots_per_episode=0.9), EpisodeSpec(), 3000, 10)
+        for p in EnvPolicy
+    }
+    resident, rebuild, prewarm = runs[EnvPolicy.RESIDENT], runs[EnvPolicy.REBUILD], runs[EnvPolicy.PREWARM]
+    assert resident.binding == "memory" and resident.peak_gib == 356
+    assert resident.throughput == pytest.approx(178 / 30, rel=0.05)  # 5.9 tasks/s
+    assert rebuild.binding == "slots" and rebuild.throughput == pytest.approx(320 / 0.9 / 36, rel=0.02)
+    assert prewarm.binding is None and prewarm.throughput == pytest.approx(10)
+    assert prewarm.mean_gib == pytest.approx(180, rel=0.01) and prewarm.run_s == 30
+
+
+def test_a_wrong_prediction_is_cancelled_at_once_and_the_right_type_prepared_on_demand() -> None:
+    core = ec.EnvCore(EnvParams(EnvPolicy.PREWARM, TWO, UNBOUNDED, lead_s=2))
+    assert core.handle(ec.Arrived(0.0, "e", ("calc", "lookup"))) == [ec.Admit("e")]
+    assert core.handle(ec.ModelCallStarted(0.0, "e", 9.0, "calc")) == []
+    assert core.next_wakeup() == 7.0
+    assert core.handle(ec.Tick(7.0)) == [ec.Prepare("env-1", "calc")]
+    out = core.handle(ec.ToolCalled(9.0, "e", "lookup"))
+    assert out == [ec.Cancel("env-1"), ec.Prepare("env-2", "lookup")]
+    assert core.handle(ec.Prepared(9.0, "env-1")) == []  # the cancelled one's late report changes nothing
+    assert core.handle(ec.Prepared(11.0, "env-2")) == [ec.RunTool("e", "env-2", 2.0)]
+    assert core.handle(ec.ToolDone(12.0, "e")) == [ec.Release("env-2")]
+    core.handle(ec.Ended(12.0, "e"))
+    assert core.envs == {} and core.memory.held_gib() == 0  # nothing outlives the episode
+    assert core.memory.gib_s == pytest.approx(2 * 2 + 2 * 3)  # calc held 7-9 s, lookup 9-12 s
+
+
+def test_an_episode_that_does_not_fit_waits_with_the_binding_resource_named() -> None:
+    small = Capacity(cores=8, slots=8, memory_gib=5, template_gib=1)
+    core = ec.EnvCore(EnvParams(EnvPolicy.RESIDENT, ONE, small))
+    core.handle(ec.Arrived(0.0, "a", ("tool",)))
+    core.handle(ec.Arrived(0.0, "b", ("tool",)))
+    out = core.handle(ec.Arrived(0.0, "c", ("tool",)))
+    assert out == [ec.Pend("c", "memory", "GiB of environment memory: 4 of 4 reserved, the episode needs 2")]
+    core.handle(ec.Prepared(2.0, "env-1"))
+    out = core.handle(ec.Ended(30.0, "a"))
+    assert ec.Release("env-1") in out and ec.Admit("c") in out
+
+
+def test_a_preparation_whose_memory_does_not_fit_waits_for_memory() -> None:
+    small = Capacity(cores=8, slots=8, memory_gib=3)
+    core = ec.EnvCore(EnvParams(EnvPolicy.REBUILD, ONE, small))
+    for name in ("a", "b"):
+        core.handle(ec.Arrived(0.0, name, ("tool",)))
+    assert core.handle(ec.ToolCalled(9.0, "a", "tool")) == [ec.Prepare("env-1", "tool")]
+    assert core.handle(ec.ToolCalled(9.0, "b", "tool")) == []  # 2 + 2 GiB > 3: it waits
+    core.handle(ec.Prepared(11.0, "env-1"))
+    assert core.handle(ec.ToolDone(12.0, "a")) == [ec.Release("env-1"), ec.Prepare("env-2", "tool")]
+    assert core.handle(ec.Prepared(14.0, "env-2")) == [ec.RunTool("b", "env-2", 5.0)]
