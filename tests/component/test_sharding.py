@@ -58,6 +58,9 @@ def _rank(
         losses.append(trainer.step_batch([part[rank::WORLD] for part in parts], totals).loss)
     blob = trainer.published()  # as bytes: a tensor's shared memory would die with this process
     queue.put((rank, losses, trainer.held(), None if blob is None else bytes(blob)))
+    # both ranks leave the group together: a rank that exited while its peer's gloo connection was
+    # still open was aborted (SIGABRT) once in CI
+    dist.barrier()
     dist.destroy_process_group()
 
 
