@@ -34,7 +34,7 @@ from actors.fleet_spans import preempt_span, pull_spans, resume_span
 from actors.rollout import JoinReport, RolloutInstance
 from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
-from rlsched.config import EngineKind, JobConfig
+from rlsched.config import JobConfig
 from rlsched.core import fleet_io as fx
 from rlsched.core.demand import instance_bundle
 from rlsched.core.fleet import FleetCore, FleetTrace
@@ -43,7 +43,7 @@ from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.resume import ResumeCost
-from rlsched.policy.versions import InflightUpdate, PipelineMode
+from rlsched.policy.versions import InflightUpdate, PipelineMode, swap_refusal
 from rlsched.rl.requests import group_of
 from rlsched.store.partial import PartialStore
 from rlsched.store.resumes import Resumes
@@ -80,13 +80,7 @@ def fleet_params(cfg: JobConfig) -> fx.FleetParams:
 def swap_fallback(cfg: JobConfig) -> str | None:
     """Why the job's instances cannot take a version in flight, where it asked them to (they finish
     their running requests on the old version instead); None where they can, or it did not ask."""
-    if cfg.rollout.inflight_update is not InflightUpdate.SWAP or cfg.engine.kind is EngineKind.TORCH:
-        return None
-    return (
-        f"rollout.inflight_update swap: engine {cfg.engine.kind} loads a version only between generate "
-        "calls, not between two decoding steps of a running request; its running requests finish on "
-        "the old version (stale by one) and it pulls after them"
-    )
+    return swap_refusal(cfg.rollout.inflight_update, str(cfg.engine.kind))
 
 
 class Fleet:

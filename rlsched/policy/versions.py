@@ -79,3 +79,16 @@ def pipeline_problem(
             f"could never take a batch; set it to at least {batch_groups}"
         )
     return None
+
+
+def swap_refusal(mode: InflightUpdate, engine: str) -> str | None:
+    """Why instances running `engine` cannot take a version in flight where `mode` asks them to (their
+    running requests finish on the old version instead); None where they can, or nobody asked. Only the
+    torch engine swaps between two decoding steps."""
+    if mode is not InflightUpdate.SWAP or engine == "torch":
+        return None
+    return (
+        f"rollout.inflight_update swap: engine {engine} loads a version only between generate "
+        "calls, not between two decoding steps of a running request; its running requests finish on "
+        "the old version (stale by one) and it pulls after them"
+    )

@@ -84,10 +84,6 @@ def simulate_envs(
         push(ec.Arrived(at, name, tuple(types)))
     while heap:
         at, _, event = heapq.heappop(heap)
-        wake = core.next_wakeup()
-        if wake is not None and wake < at:
-            heapq.heappush(heap, (at, next(tie), event))
-            event, at = ec.Tick(wake), wake
         if isinstance(event, ec.Ended):
             ended[event.episode] = at
         for effect in core.handle(event):
