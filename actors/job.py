@@ -139,6 +139,11 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
     every prompt fits the model's context, the partial-output store can be written, and the chosen
     engine can serve the checkpoint (vLLM installed, where this Python runs the embedded cluster's
     instances). Returns a note for the user when some generations will be cut short by the context."""
+    if cfg.agent.enabled:
+        raise UserError(
+            "this job declares agent.tools: multi-turn episodes run in one process for now (rlsched run "
+            "--local); the Ray runtime generates single turns. Add --local"
+        )
     info = inspect_checkpoint(cfg.model.checkpoint)
     tokenizer, template = load_prompting(cfg.model.checkpoint, cfg.model.template)
     if cfg.engine.kind is EngineKind.VLLM:

@@ -4,6 +4,11 @@ another episode. Each tool is a Python program; its call's arguments reach it as
 what it prints is the observation. Each call runs under the tool's timeout: a hang is killed and
 returned to the model as an error observation, as is a crash, a call to an unknown tool, and
 arguments that are not JSON or do not match the tool's schema (`jsonschema`).
+
+`release` frees the environment between tool calls and keeps its files outside it (the sandbox's
+work directory as a tar archive); the next call, or `prepare`, builds a new sandbox and restores them:
+the `rebuild` policy. `ToolEnvironments` is an episode's whole set: one `SandboxedTools` per kind of
+environment its tools name, each tool call routed to its own kind.
 """
 
 from __future__ import annotations
@@ -48,39 +53,75 @@ class SandboxedTools:
         self._programs = dict(programs)
         self._policy, self._work_mb, self._setup = policy, work_mb, setup
         self._box: Sandbox | None = None
+        self._prompt = ""
+        self._archive: bytes | None = None  # the files a `release` kept
+        self.preparations = 0
+        self.prepare_s = 0.0
 
     @property
     def tools(self) -> tuple[ToolSpec, ...]:
         return self._tools
 
-    def reset(self, prompt: str) -> str:
+    def reset(self, prompt: str, prepare: bool = True) -> str:
+        """A new episode on `prompt`; prepared now, or (`prepare=False`) by its first call."""
+        self.close()
+        self._prompt, self._archive = prompt, None
+        if prepare:
+            self.prepare()
+        return prompt
+
+    @property
+    def live(self) -> bool:
+        """A sandbox is up (prepared, not released)."""
+        return self._box is not None
+
+    def prepare(self) -> None:
+        """Build the sandbox: with the files a `release` kept, restored; the first time, the setup
+        program run (raises `EnvironmentFault` when either fails)."""
+        if self._box is not None:
+            return
+        started = time.monotonic()
         try:
-            self._box = Sandbox.create(self._policy, persistent=True, work_mb=self._work_mb)
+            box = Sandbox.create(self._policy, persistent=True, work_mb=self._work_mb)
         except OSError as err:
             raise EnvironmentFault(f"the environment could not be prepared: {err}") from err
-        if self._setup is not None:
-            result = self._box.exec(
-                _program(self._setup, json.dumps({"prompt": prompt})), limits=SandboxLimits(timeout_s=30)
+        self._box = box
+        if self._archive is not None:
+            try:
+                box.restore_work(self._archive)
+            except (OSError, ValueError) as err:
+                self.close()
+                raise EnvironmentFault(f"the environment's files could not be restored: {err}") from err
+        elif self._setup is not None:
+            result = box.exec(
+                _program(self._setup, json.dumps({"prompt": self._prompt})),
+                limits=SandboxLimits(timeout_s=30),
             )
             if result.outcome is not Outcome.OK:
                 self.close()
                 raise EnvironmentFault(
                     f"the environment's setup failed ({result.outcome}): {result.stderr[-300:]}"
                 )
-        return prompt
+        self.preparations += 1
+        self.prepare_s += time.monotonic() - started
+
+    def release(self) -> None:
+        """Free the sandbox and keep its files outside it, for the next `prepare`."""
+        if self._box is None:
+            return
+        self._archive = self._box.save_work()
+        self._box.destroy()
+        self._box = None
 
     def step(self, call: ParsedCall) -> Observation:
-        if self._box is None:
-            raise EnvironmentFault("step before reset: the environment is not prepared")
         tool = self._by_name.get(call.name)
         if tool is None:
-            known = ", ".join(sorted(self._by_name))
-            return Observation(
-                call.id, f"error: there is no tool {call.name!r}; the tools are: {known}", True
-            )
+            return _unknown(call, self._by_name)
         problem = _bad_arguments(call.arguments, tool.parameters)
         if problem is not None:
             return Observation(call.id, f"error: {call.name} was called with bad arguments: {problem}", True)
+        self.prepare()  # on demand, where it was released
+        assert self._box is not None
         started = time.monotonic()
         result = self._box.exec(
             _program(self._programs[call.name], call.arguments),
@@ -99,8 +140,56 @@ class SandboxedTools:
         return Observation(call.id, result.stdout.strip(), False, seconds)
 
     def close(self) -> dict[str, Any]:
-        box, self._box = self._box, None
+        box, self._box, self._archive = self._box, None, None
         return box.destroy() if box is not None else {}
+
+
+class ToolEnvironments:
+    """An episode's environments: one `SandboxedTools` per kind (`kinds`: name -> environment), each
+    tool call routed to the kind that holds its tool. `rebuild`: each kind is prepared when a call
+    needs it and released after the call, its files kept; otherwise every kind is prepared at
+    `reset` and lives the whole episode (`resident`)."""
+
+    def __init__(self, kinds: Mapping[str, SandboxedTools], rebuild: bool = False) -> None:
+        self._kinds = dict(kinds)
+        self._rebuild = rebuild
+        self._kind_of = {t.name: name for name, env in self._kinds.items() for t in env.tools}
+
+    @property
+    def tools(self) -> tuple[ToolSpec, ...]:
+        return tuple(t for env in self._kinds.values() for t in env.tools)
+
+    @property
+    def preparations(self) -> int:
+        return sum(env.preparations for env in self._kinds.values())
+
+    @property
+    def prepare_s(self) -> float:
+        return sum(env.prepare_s for env in self._kinds.values())
+
+    def reset(self, prompt: str) -> str:
+        for env in self._kinds.values():
+            env.reset(prompt, prepare=not self._rebuild)
+        return prompt
+
+    def step(self, call: ParsedCall) -> Observation:
+        kind = self._kind_of.get(call.name)
+        if kind is None:
+            return _unknown(call, self._kind_of)
+        env = self._kinds[kind]
+        try:
+            return env.step(call)
+        finally:
+            if self._rebuild:
+                env.release()
+
+    def close(self) -> dict[str, Any]:
+        return {name: env.close() for name, env in self._kinds.items()}
+
+
+def _unknown(call: ParsedCall, known: Mapping[str, object]) -> Observation:
+    names = ", ".join(sorted(known))
+    return Observation(call.id, f"error: there is no tool {call.name!r}; the tools are: {names}", True)
 
 
 def _bad_arguments(arguments: str, schema: dict[str, Any]) -> str | None:

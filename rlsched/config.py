@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from rlsched.config_agent import AgentConfig
 from rlsched.config_load import Section, load_tree
 from rlsched.core.fleet_io import RelayParams
 from rlsched.policy.lifecycle import Leave
@@ -624,6 +625,7 @@ class JobConfig(Section):
     schedule: ScheduleConfig = ScheduleConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     tracking: TrackingConfig = TrackingConfig()
+    agent: AgentConfig = AgentConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> JobConfig:

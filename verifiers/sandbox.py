@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import marshal
 import os
 import random
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 from dataclasses import replace
@@ -208,6 +210,36 @@ class Sandbox:
                 "sandbox.isolation: best_effort to run with weaker isolation"
             )
         return None
+
+    def save_work(self) -> bytes:
+        """The work directory as a tar archive, kept outside the environment (links are stored as
+        links, never followed): what `restore_work` puts into a new one, so an environment can be
+        released between tool calls and rebuilt with the files its episode left."""
+        if self.work is None:
+            raise ValueError("this sandbox has no work directory to save (persistent=False)")
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            for entry in sorted(self.work.iterdir()):
+                tar.add(entry, arcname=entry.name)
+        return out.getvalue()
+
+    def restore_work(self, archive: bytes) -> int:
+        """Unpack `save_work`'s archive into this sandbox's work directory, owned by this sandbox's
+        uid; tar's `data` filter refuses absolute paths, links leading out and device files
+        (ValueError). The number of entries restored."""
+        if self.work is None:
+            raise ValueError("this sandbox has no work directory to restore into (persistent=False)")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tar:
+                members = tar.getmembers()
+                tar.extractall(self.work, filter="data")
+        except tarfile.TarError as err:
+            raise ValueError(f"the archive was refused: {err}") from err
+        if self.caps.per_run_uid:
+            for root, dirs, files in os.walk(self.work):
+                for name in dirs + files:
+                    os.lchown(os.path.join(root, name), self.uid, self.uid)
+        return len(members)
 
     def record(self, result: SandboxResult) -> None:
         self.cpu_s += result.cpu_s

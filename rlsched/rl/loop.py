@@ -14,10 +14,11 @@ bytes, exactly as a remote instance will. Each iteration:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,10 @@ from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
+from rlsched.errors import UserError
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
+from rlsched.rl import agent as ag
 from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats
@@ -38,7 +41,9 @@ from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
 from rlsched.rl.update import TrainItem, TrainOptions, minibatches, prepare_policy, update_batch
 from verifiers.loading import VerifierSet
-from verifiers.protocol import Outcome, Verdict, Verifier, VerifyRequest
+from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, Verifier, VerifyRequest
+
+AGENT_PREFIX_BLOCKS = 512  # prefix-cache blocks (16 tokens) for multi-turn jobs: turns extend the last
 
 
 @dataclass
@@ -51,6 +56,7 @@ class StepRecord:
     clip_fraction: float
     faults: int
     eval_pass_rate: float | None = None
+    episodes: dict[str, Any] | None = None  # multi-turn jobs: turns, tool calls, end reasons
 
 
 @dataclass
@@ -95,6 +101,7 @@ class GRPOLoop:
             max_batch=cfg.engine.max_batch,
             use_cache=cfg.engine.use_cache,
             seed=cfg.run.seed,
+            prefix_cache_blocks=AGENT_PREFIX_BLOCKS if cfg.agent.enabled else 0,
         )
         self.engine.load_weights(to_bf16_bytes(self.policy), WeightVersion(0))  # the published BF16 values
         self.template = self.ckpt.template
@@ -116,6 +123,22 @@ class GRPOLoop:
         self.phases = it.Phases()  # what the core asked for, run in `step`'s order
         self.log = log
         self.sampling = sampling_params(cfg.sampling, self.template)
+        self.agent = self._agent_rollout() if cfg.agent.enabled else None
+        self.last_eval_episodes: dict[str, Any] | None = None  # the last agent evaluation's counts
+
+    def _agent_rollout(self) -> ag.AgentRollout:
+        """Multi-turn episodes with the job's tools (`rlsched.rl.agent`)."""
+        agent, tok = self.cfg.agent, self.ckpt.tokenizer
+        if agent.chat_template is not None:
+            if not agent.chat_template.is_file():
+                raise UserError(f"agent.chat_template {agent.chat_template} does not exist")
+            tok.hf.chat_template = agent.chat_template.read_text()
+        make_env = ag.environment_factory(agent, self.cfg.verifier.sandbox.policy())
+        ag.check_renders_tools(tok, make_env().tools)
+        return ag.AgentRollout(
+            self.engine, tok, make_env, self.sampling, ag.AgentLimits.of(agent), agent.env_retries,
+            run_seed_for_requests(self.cfg),
+        )  # fmt: skip
 
     def _frozen_copy(self) -> Any:
         return copy.deepcopy(self.policy).eval().requires_grad_(False)
@@ -125,12 +148,15 @@ class GRPOLoop:
     def verify(self, sample: Sample, problem: TaskProblem) -> Outcome:
         """Judge one sample now, through the pool's core (`LocalPool`): a retryable execution
         fault is retried up to `verify_retries` times, bad input is not."""
+        return self.judge(sample.request_id, sample.text, problem)
+
+    def judge(self, request_id: str, text: str, problem: TaskProblem) -> Outcome:
         verifier = self.verifier or self.verifiers.get(problem.verifier)
         kind, key = verify_kind_key(problem, self.cfg.verifier.kind)
         task = PendingVerification(
-            TaskId(sample.request_id), BatchId(f"v{self.version}"), self.pool.clock(), kind=kind, key=key
+            TaskId(request_id), BatchId(f"v{self.version}"), self.pool.clock(), kind=kind, key=key
         )
-        return self.pool.verify(task, verifier, VerifyRequest(sample.request_id, sample.text, problem.answer))
+        return self.pool.verify(task, verifier, VerifyRequest(request_id, text, problem.answer))
 
     @property
     def version(self) -> WeightVersion:
@@ -184,6 +210,8 @@ class GRPOLoop:
         t = time.monotonic()
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
         iteration = self.core.iteration + 1
+        if self.agent is not None:
+            return self._agent_step(step, iteration, problems)
         requests, references = group_requests(  # 1
             problems,
             self.cfg.grpo.group_size,
@@ -222,10 +250,66 @@ class GRPOLoop:
             faults=batch.faults,
         )
 
+    def _agent_step(self, step: int, iteration: int, problems: list[TaskProblem]) -> StepRecord:
+        """One iteration of multi-turn episodes: each episode is one of the core's samples, judged on
+        its final answer; the update trains whole episodes, observations masked."""
+        assert self.agent is not None
+        t = time.monotonic()
+        runs = self.agent.run(problems, self.cfg.grpo.group_size, str(iteration))
+        by_id = {r.episode.id: r for r in runs}
+        self._feed(it.Started(t, iteration, tuple(by_id)))
+        outcomes: dict[str, Outcome] = {}
+        for run in runs:
+            oldest = min(run.episode.versions, default=int(self.version))
+            for verify in self._feed(it.SampleArrived(time.monotonic(), run.episode.id, oldest)):
+                for rid in verify.request_ids:
+                    outcomes[rid] = self._judge_episode(by_id[rid])
+                    self._feed(it.Judged(time.monotonic(), rid))
+        generated = time.monotonic() - t
+        t = time.monotonic()
+        self.phases.take(it.Update)
+        items = ag.train_items(runs, self.cfg.agent.train_truncated)
+        stats = self.update(items, step) if items else LossStats(0.0, 0.0, 0.0, 1.0)
+        self._feed(it.Updated(time.monotonic()))
+        updated = time.monotonic() - t
+        t = time.monotonic()
+        version = self.phases.take(it.Publish).version
+        self.publish(version)
+        self._feed(it.VersionPublished(time.monotonic(), version))
+        self.phases.take(it.Reload)
+        self._feed(it.Reloaded(time.monotonic()))
+        self.phases.take(it.Committed)
+        rewards = [o.reward for o in outcomes.values() if isinstance(o, Verdict)]
+        summary = ag.stats(runs)
+        return StepRecord(
+            step=step + 1,
+            version=int(self.version),
+            reward=sum(rewards) / max(len(rewards), 1),
+            phase_s={
+                "episodes": round(generated, 3),
+                "update": round(updated, 3),
+                "publish": round(time.monotonic() - t, 3),
+            },
+            loss=stats.loss,
+            clip_fraction=stats.clip_fraction,
+            faults=summary.faults,
+            episodes=asdict(summary) | {"trained": len(items)},
+        )
+
+    def _judge_episode(self, run: ag.EpisodeRun) -> Outcome:
+        """An episode's reward: its final answer judged (a fault is not judged: it is not trained)."""
+        if run.fault is not None:
+            return ExecutionFault(run.episode.id, FaultKind.RESOURCES, f"environment: {run.fault}")
+        outcome = self.judge(run.episode.id, run.answer, run.problem)
+        run.episode.reward = outcome.reward if isinstance(outcome, Verdict) else None
+        return outcome
+
     # -- the run -----------------------------------------------------------------------------
 
     def evaluate(self, size: int | None = None) -> EvalResult:
         problems = self.task.eval_problems if size is None else self.task.eval_problems[:size]
+        if self.agent is not None:
+            return self._agent_evaluate(problems)
         return evaluate(
             self.engine,
             self.ckpt.tokenizer,
@@ -259,6 +343,21 @@ class GRPOLoop:
         return RunReport(
             before=before, after=after, steps=records, wall_s=time.monotonic() - start, update_s=update_s
         )
+
+    def _passes(self, run: ag.EpisodeRun) -> bool:
+        outcome = self.judge(run.episode.id, run.answer, run.problem)
+        return isinstance(outcome, Verdict) and outcome.correct
+
+    def _agent_evaluate(self, problems: Sequence[TaskProblem]) -> EvalResult:
+        """Greedy episodes on held-out problems: the share whose final answer is right (an
+        environment fault counts as not passed, and is counted)."""
+        assert self.agent is not None
+        greedy = dataclasses.replace(self.sampling, temperature=0.0)
+        runs = self.agent.run(problems, 1, "eval", params=greedy)
+        passed = sum(run.fault is None and self._passes(run) for run in runs)
+        summary = ag.stats(runs)
+        self.last_eval_episodes = asdict(summary)
+        return EvalResult(passed / len(runs), passed, len(runs), passed / len(runs))
 
     @staticmethod
     def _progress_line(rec: StepRecord, elapsed: float) -> str:

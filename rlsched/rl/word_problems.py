@@ -250,3 +250,22 @@ class ArithmeticTask:
 
     def is_held_out(self, problem: JsonlProblem) -> bool:
         return problem.id in self._held
+
+
+_EXPRESSIONS = {
+    "add": "{0} + {1}",
+    "sub": "{0} - {1}",
+    "mul": "{0} * {1}",
+    "add_sub": "{0} + {1} - {2}",
+    "mul_add": "{0} * {1} + {2}",
+    "sub_sub": "{0} - {1} - {2}",
+}
+
+
+def expression_of(problem_id: str) -> str:
+    """The arithmetic a problem asks, from its id (`add-17-25` -> `17 + 25`): what a teacher writes
+    into a calculator call (`rlsched.rl.tool_warmup`)."""
+    name, *operands = problem_id.split("-")
+    if name not in _EXPRESSIONS:
+        raise ValueError(f"{problem_id!r} is not the id of a generated arithmetic problem")
+    return _EXPRESSIONS[name].format(*operands)

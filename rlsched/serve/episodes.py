@@ -44,6 +44,12 @@ Clock = Callable[[], float]
 class EndReason(StrEnum):
     FINAL_ANSWER = "no_tool_call"  # a turn that called no tool
     CLIENT = "client"  # POST /v1/episodes/{id}/end, or a reward
+    # an in-job episode (`rlsched.rl.agent`) cut off by a limit, scored as it stands
+    MAX_TURNS = "max_turns"  # its last turn called a tool that no turn is left to read
+    MAX_TOKENS = "max_tokens"  # its tokens after the first prompt reached agent.max_tokens
+    WALL_TIME = "wall_time"  # it ran past agent.max_wall_s
+    LENGTH = "length"  # a reply was cut off at sampling.max_tokens or the model's context
+    ENV_FAULT = "environment_fault"  # its environment failed past its retries: not scored
 
 
 class EpisodeError(ValueError):

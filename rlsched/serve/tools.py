@@ -31,6 +31,28 @@ class ToolReply:
     calls: tuple[ParsedCall, ...]
 
 
+def malformed(text: str) -> str | None:
+    """Why a reply that opens a `<tool_call>` does not parse (None: it parses, or opens none): what
+    an in-job episode tells the model in an error observation."""
+    start = text.find(OPEN)
+    if start < 0:
+        return None
+    rest = text[start:]
+    blocks = _BLOCK.findall(rest)
+    if not blocks:
+        return f"the {OPEN} block is not closed with {CLOSE}"
+    if _BLOCK.sub("", rest).strip():
+        return f"there is text between or after the {OPEN} blocks; write the calls last, nothing after them"
+    for raw in blocks:
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as err:
+            return f"a call is not JSON ({err.msg} at character {err.pos})"
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return 'a call is not an object with a "name" string'
+    return None
+
+
 def parse_hermes(text: str) -> ToolReply | None:
     """The calls in `text`, or None where it holds none or any is malformed."""
     start = text.find(OPEN)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from environments.protocol import EnvironmentFault, ToolSpec
-from environments.sandboxed import SandboxedTools
+from environments.sandboxed import SandboxedTools, ToolEnvironments
 from rlsched.serve.tools import ParsedCall, parse_hermes
 
 NOTE = ToolSpec(
@@ -93,5 +93,55 @@ def test_a_setup_that_fails_is_an_environment_fault_not_an_observation() -> None
     tools = SandboxedTools((NOTE,), PROGRAMS, setup="raise SystemExit('no dataset')")
     with pytest.raises(EnvironmentFault, match="setup failed"):
         tools.reset("task")
-    with pytest.raises(EnvironmentFault, match="step before reset"):
+    with pytest.raises(EnvironmentFault, match="setup failed"):  # a call prepares it again, and fails
         tools.step(call("note", {"line": "x"}))
+
+
+def test_released_between_calls_the_files_come_back_in_a_new_sandbox(env: SandboxedTools) -> None:
+    try:
+        assert env.step(call("note", {"line": "one"})).text == "one"
+        env.release()
+        assert not env.live
+        assert env.step(call("note", {"line": "two"})).text == "one\ntwo"  # prepared on demand
+        assert env.step(call("note", {"line": "three"})).text == "one\ntwo\nthree"
+        assert env.preparations == 2
+    finally:
+        env.close()
+
+
+def test_a_restored_archive_cannot_reach_outside_the_work_directory(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host file")
+    tools = SandboxedTools((NOTE,), PROGRAMS)
+    tools.reset("x")
+    link = "import os\nos.symlink(" + repr(str(secret)) + ", 'escape')\nprint('made')"
+    sneaky = SandboxedTools((ToolSpec("link", "makes a link"),), {"link": link})
+    sneaky.reset("x")
+    try:
+        assert sneaky.step(call("link", {})).text == "made"
+        with pytest.raises(EnvironmentFault, match="could not be restored"):
+            sneaky.release()
+            sneaky.prepare()  # tar's data filter refuses a link that leads out of the directory
+    finally:
+        sneaky.close()
+        tools.close()
+    assert secret.read_text() == "host file"
+
+
+def test_tool_environments_route_each_call_to_its_kind_and_rebuild_after_each() -> None:
+    kinds = {
+        "notes": SandboxedTools((NOTE,), PROGRAMS),
+        "broken": SandboxedTools((CRASH,), PROGRAMS),
+    }
+    envs = ToolEnvironments(kinds, rebuild=True)
+    envs.reset("task")
+    try:
+        assert envs.preparations == 0  # rebuild: nothing until a call needs it
+        assert envs.step(call("note", {"line": "a"})).text == "a"
+        assert envs.step(call("note", {"line": "b"})).text == "a\nb"
+        assert envs.step(call("crash", {})).error
+        assert envs.step(call("nope", {})).text.startswith("error: there is no tool 'nope'")
+        assert envs.preparations == 3 and not any(k.live for k in kinds.values())
+    finally:
+        usage = envs.close()
+    assert set(usage) == {"notes", "broken"}

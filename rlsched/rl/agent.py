@@ -1,0 +1,383 @@
+"""Multi-turn episodes in the job: the model calls tools in its environments, reads what they return
+and goes on, until it answers without a call or a limit ends the episode.
+
+An episode is a loop of turns:
+1. generate - the engine samples a reply to the conversation so far, up to the template's end of
+   turn (or `sampling.max_tokens`);
+2. parse    - Hermes-style `<tool_call>` blocks (`rlsched.serve.tools`). A reply that opens a call
+   but does not parse is answered with an error observation saying why; a reply with no call is the
+   final answer;
+3. execute  - each call runs in the episode's environments (`environments`), in order. A hang, a
+   crash, an unknown tool or bad arguments come back as error observations, and the episode goes on;
+4. append   - the chat template renders the observations as tool messages after the reply, and only
+   the new text is tokenized: the reply's tokens stay the ones the engine sampled, so the episode is
+   one token sequence.
+
+The record is the OpenAI endpoint's (`rlsched.serve.episodes.Episode`: per turn the prompt ids, the
+sampled ids with their log-probs and version, and timings), so `rlsched.rl.episodes.episode_batch`
+trains both alike: the loss on sampled tokens only (observations and template tokens masked), and
+group-relative advantages over whole episodes.
+
+Limits end an episode with a typed reason (`EndReason`): `max_turns`, `max_tokens` (the episode's
+tokens after its first prompt), `wall_time`, and `length` (a reply cut off). Such an episode is
+scored as it stands and trained on only where `agent.train_truncated` says so. An environment that
+fails (it could not be prepared, its sandbox refused) is retried `agent.env_retries` times; then the
+episode is an execution fault: left out, never a zero reward.
+
+Rounds are batched: every live episode's next turn goes to the engine in one `generate`, and a
+reply's tool calls start (in a thread pool) the moment it arrives, while the rest of the batch
+decodes. A turn's prompt extends the one before, so the torch engine's prefix cache serves it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from statistics import mean
+from typing import Any
+
+from environments.protocol import Environment, EnvironmentFault, Observation, ToolSpec
+from environments.sandboxed import SandboxedTools, ToolEnvironments
+from rlsched.config_agent import AgentConfig
+from rlsched.core.envs import EnvPolicy
+from rlsched.engine.protocol import (
+    FinishReason,
+    GenerationRequest,
+    RequestId,
+    RolloutEngine,
+    Sample,
+    SamplingParams,
+)
+from rlsched.errors import UserError
+from rlsched.model.tokenizer import Tokenizer
+from rlsched.rl.episodes import episode_batch
+from rlsched.rl.requests import request_seed
+from rlsched.rl.task import TaskProblem
+from rlsched.rl.update import TrainItem
+from rlsched.serve.episodes import EndReason, Episode, Turn, continue_prompt
+from rlsched.serve.tools import OPEN, ParsedCall, malformed, parse_hermes
+from verifiers.sandbox_types import SandboxPolicy
+
+LIMITS = frozenset({EndReason.MAX_TURNS, EndReason.MAX_TOKENS, EndReason.WALL_TIME, EndReason.LENGTH})
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    max_turns: int = 4
+    max_tokens: int = 512  # the episode's tokens after its first prompt
+    max_wall_s: float = 120.0
+
+    @classmethod
+    def of(cls, cfg: AgentConfig) -> AgentLimits:
+        return cls(cfg.max_turns, cfg.max_tokens, cfg.max_wall_s)
+
+
+@dataclass
+class EpisodeRun:
+    """One episode as it runs: the record, the conversation the template renders, and its counts."""
+
+    episode: Episode
+    problem: TaskProblem
+    env: Environment
+    messages: list[dict[str, Any]]
+    first_prompt: int  # tokens of the first prompt
+    started: float
+    next_ids: list[int] = field(default_factory=list)  # the next turn's prompt
+    extends: bool = True  # it extends the last turn's prompt and reply (the template kept them as sampled)
+    diverged_at: int | None = None  # where it stops extending them, where it does not
+    answer: str = ""  # the last reply's text: what is scored
+    tool_calls: int = 0
+    tool_errors: int = 0
+    malformed: int = 0
+    tool_s: float = 0.0
+    cached_tokens: int = 0
+    fault: str | None = None  # the environment failed past its retries: not scored, not trained
+
+    @property
+    def live(self) -> bool:
+        return self.episode.ended is None
+
+    @property
+    def truncated(self) -> bool:
+        return self.episode.ended in LIMITS
+
+    @property
+    def turns(self) -> int:
+        return len(self.episode.turns)
+
+
+EnvFactory = Callable[[], Environment]
+
+
+def environment_factory(cfg: AgentConfig, sandbox: SandboxPolicy | None = None) -> EnvFactory:
+    """A new episode's environments, as the job's `agent` section declares them."""
+    specs = {t.name: ToolSpec(t.name, t.description, dict(t.parameters), t.timeout_s) for t in cfg.tools}
+    sources = {t.name: t.source() for t in cfg.tools}
+
+    def make() -> Environment:
+        kinds = {}
+        for name, env in cfg.environments.items():
+            tools = tuple(specs[t.name] for t in cfg.tools if t.environment == name)
+            if tools:
+                programs = {t.name: sources[t.name] for t in tools}
+                kinds[name] = SandboxedTools(tools, programs, sandbox, env.work_mb, env.setup)
+        return ToolEnvironments(kinds, rebuild=cfg.policy is EnvPolicy.REBUILD)
+
+    return make
+
+
+def check_renders_tools(tokenizer: Tokenizer, tools: Sequence[ToolSpec]) -> None:
+    """Refuse a chat template that does not tell the model of its tools (it would never call one)."""
+    template = tokenizer.chat_template or ""
+    if OPEN not in template or "tools" not in template:
+        raise UserError(
+            "agent.tools needs a chat template that describes the tools and <tool_call> blocks; this "
+            "checkpoint's does not. Set agent.chat_template (configs/chat_templates/smollm2_tools.jinja "
+            "for SmolLM2)"
+        )
+    if not tools:
+        raise UserError("agent.tools is empty: declare at least one tool")
+
+
+def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: Sequence[ToolSpec]) -> str:
+    text = tokenizer.hf.apply_chat_template(
+        messages, tools=[t.as_openai() for t in tools], add_generation_prompt=True, tokenize=False
+    )
+    return str(text)
+
+
+class AgentRollout:
+    """Episodes of a batch of problems, `group_size` per problem, on one engine."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Tokenizer,
+        make_env: EnvFactory,
+        params: SamplingParams,
+        limits: AgentLimits,
+        env_retries: int = 2,
+        run_seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
+        self.params, self.limits, self.env_retries = params, limits, env_retries
+        self.run_seed, self.clock = run_seed, clock
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tools")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    # -- an episode's start and end ------------------------------------------------------------
+
+    def _start(self, episode_id: str, group_id: str, problem: TaskProblem) -> EpisodeRun:
+        env = self.make_env()
+        messages = [m.model_dump() for m in problem.messages()]
+        text = render(self.tokenizer, messages, env.tools)
+        ids, _, _ = continue_prompt(None, text, self.tokenizer)
+        run = EpisodeRun(
+            Episode(episode_id, group_id, time.time()), problem, env, messages, len(ids), self.clock()
+        )
+        run.next_ids = ids
+        run.episode.reference = problem.answer
+        self._with_retries(run, partial(env.reset, messages[-1]["content"]))
+        return run
+
+    def _end(self, run: EpisodeRun, why: EndReason) -> None:
+        if run.episode.ended is None:
+            run.episode.ended, run.episode.ended_at = why, time.time()
+        run.env.close()
+
+    def _with_retries(self, run: EpisodeRun, act: Callable[[], Any]) -> Any:
+        """`act` with the environment's faults retried; past the retries the episode is a fault."""
+        for attempt in range(self.env_retries + 1):
+            try:
+                return act()
+            except EnvironmentFault as err:
+                if attempt == self.env_retries:
+                    run.fault = str(err)
+                    self._end(run, EndReason.ENV_FAULT)
+        return None
+
+    # -- the loop of turns -----------------------------------------------------------------------
+
+    def run(
+        self,
+        problems: Sequence[TaskProblem],
+        group_size: int,
+        prefix: str,
+        params: SamplingParams | None = None,
+    ) -> list[EpisodeRun]:
+        """Every episode to its end: ids `PREFIX-PROBLEM-MEMBER`, grouped by `PREFIX-PROBLEM`
+        (`params`: other sampling knobs than the rollout's, e.g. greedy for an evaluation)."""
+        if params is not None:
+            other = copy.copy(self)  # the same engine, environments and thread pool
+            other.params = params
+            return other.run(problems, group_size, prefix)
+        runs = [
+            self._start(f"{prefix}-{i}-{k}", f"{prefix}-{i}", p)
+            for i, p in enumerate(problems)
+            for k in range(group_size)
+        ]
+        try:
+            while live := [r for r in runs if r.live]:
+                self._round(live)
+        finally:
+            for r in runs:
+                self._end(r, EndReason.WALL_TIME)  # only one still open (an exception) is ended here
+        return runs
+
+    def _limit(self, run: EpisodeRun) -> EndReason | None:
+        if run.turns >= self.limits.max_turns:
+            return EndReason.MAX_TURNS
+        if len(run.next_ids) - run.first_prompt >= self.limits.max_tokens:
+            return EndReason.MAX_TOKENS
+        if self.clock() - run.started > self.limits.max_wall_s:
+            return EndReason.WALL_TIME
+        return None
+
+    def _request(self, run: EpisodeRun) -> GenerationRequest | None:
+        used = len(run.next_ids) - run.first_prompt
+        room = min(
+            self.params.max_tokens,
+            self.limits.max_tokens - used,
+            self.engine.context_length - len(run.next_ids) - 1,
+        )
+        if room < 1:
+            self._end(run, EndReason.MAX_TOKENS)
+            return None
+        rid = RequestId(f"{run.episode.id}.t{run.turns}")
+        params = dataclasses.replace(self.params, max_tokens=room)
+        if self.run_seed is not None and params.seed is None:
+            params = dataclasses.replace(params, seed=request_seed(self.run_seed, rid))
+        return GenerationRequest(rid, tuple(run.next_ids), params)
+
+    def _round(self, live: list[EpisodeRun]) -> None:
+        requests: dict[RequestId, tuple[GenerationRequest, EpisodeRun]] = {}
+        for run in live:
+            if (why := self._limit(run)) is not None:
+                self._end(run, why)
+            elif (req := self._request(run)) is not None:
+                requests[req.request_id] = (req, run)
+        submitted = time.time()
+        pending: list[tuple[EpisodeRun, Future[list[Observation] | None]]] = []
+        batch = [req for req, _ in requests.values()]
+        for sample in self.engine.generate(batch):
+            run = requests[sample.request_id][1]
+            calls = self._record(run, sample, submitted)
+            if calls is not None:
+                pending.append((run, self.pool.submit(self._execute, run, calls)))
+        for run, future in pending:
+            observations = future.result()
+            if observations is not None and run.live:
+                self._append(run, observations)
+
+    def _record(self, run: EpisodeRun, sample: Sample, submitted: float) -> list[ParsedCall] | None:
+        """The turn into the record; the calls to run, or None where the episode ended."""
+        reply = parse_hermes(sample.text)
+        broken = malformed(sample.text)
+        called = reply is not None or broken is not None
+        run.episode.turns.append(
+            Turn(
+                request_id=sample.request_id,
+                prompt_ids=tuple(run.next_ids),
+                token_ids=sample.token_ids,
+                logprobs=sample.logprobs,
+                weight_version=int(sample.weight_version),
+                submitted=submitted,
+                first_token=None,
+                finished=time.time(),
+                finish_reason=str(sample.finish_reason),
+                called_tool=called,
+                extends=run.extends,
+                diverged_at=run.diverged_at,
+                started_version=None if sample.started_version is None else int(sample.started_version),
+            )
+        )
+        run.answer = sample.text
+        run.cached_tokens += sample.cached_tokens
+        if sample.finish_reason is FinishReason.LENGTH:
+            spent = len(run.next_ids) + sample.num_tokens - run.first_prompt
+            self._end(run, EndReason.MAX_TOKENS if spent >= self.limits.max_tokens else EndReason.LENGTH)
+            return None
+        if not called:
+            self._end(run, EndReason.FINAL_ANSWER)
+            return None
+        if run.turns >= self.limits.max_turns:
+            self._end(run, EndReason.MAX_TURNS)  # no turn is left to read the results
+            return None
+        run.messages.append({"role": "assistant", "content": sample.text})
+        if reply is None:
+            run.malformed += 1
+            return [ParsedCall("malformed", "", "")]
+        return list(reply.calls)
+
+    def _execute(self, run: EpisodeRun, calls: list[ParsedCall]) -> list[Observation] | None:
+        """The calls' observations, in order; None where the environment failed past its retries."""
+        out = []
+        for call in calls:
+            if call.id == "malformed":
+                why = malformed(run.answer) or "it does not parse"
+                out.append(Observation(call.id, f"error: your tool call could not be read: {why}", True))
+                continue
+            observation = self._with_retries(run, partial(run.env.step, call))
+            if observation is None:
+                return None
+            run.tool_calls += 1
+            run.tool_errors += observation.error
+            run.tool_s += observation.seconds
+            out.append(observation)
+        return out
+
+    def _append(self, run: EpisodeRun, observations: list[Observation]) -> None:
+        for o in observations:
+            run.messages.append({"role": "tool", "content": o.text, "tool_call_id": o.call_id})
+        text = render(self.tokenizer, run.messages, run.env.tools)
+        run.next_ids, run.extends, run.diverged_at = continue_prompt(run.episode, text, self.tokenizer)
+
+
+# -- scoring and the batch ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentStats:
+    episodes: int
+    faults: int
+    truncated: int
+    turns: float  # per episode, mean
+    tool_calls: float  # per episode, mean
+    tool_errors: int
+    malformed: int
+    ends: dict[str, int]
+
+
+def stats(runs: Sequence[EpisodeRun]) -> AgentStats:
+    ends: dict[str, int] = {}
+    for r in runs:
+        key = str(r.episode.ended)
+        ends[key] = ends.get(key, 0) + 1
+    return AgentStats(
+        episodes=len(runs),
+        faults=sum(r.fault is not None for r in runs),
+        truncated=sum(r.truncated for r in runs),
+        turns=mean(r.turns for r in runs) if runs else 0.0,
+        tool_calls=mean(r.tool_calls for r in runs) if runs else 0.0,
+        tool_errors=sum(r.tool_errors for r in runs),
+        malformed=sum(r.malformed for r in runs),
+        ends=ends,
+    )
+
+
+def train_items(runs: Sequence[EpisodeRun], train_truncated: bool) -> list[TrainItem]:
+    """The scored episodes as train items (faults left out, and truncated ones unless trained on)."""
+    usable = [
+        r.episode
+        for r in runs
+        if r.fault is None and r.episode.reward is not None and (train_truncated or not r.truncated)
+    ]
+    return episode_batch(usable, keep_mixed=True).items

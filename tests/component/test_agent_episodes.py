@@ -1,0 +1,179 @@
+"""Multi-turn episodes with a real model and real sandboxed tools (`rlsched.rl.agent`).
+
+SmolLM2-135M-Instruct, shown the shipped tools template, is fine-tuned in the fixture for a few steps
+on four teacher episodes: three calculator episodes (`rlsched.rl.tool_warmup`) and one whose reply is
+a call that does not parse. Greedy episodes then call the real calculator in a sandbox and answer;
+a calculator that hangs is stopped at its timeout and the model reads an error; the broken call is
+answered with an error observation; limits end episodes with typed reasons; an environment that cannot
+be prepared is retried and then a fault, never a zero reward; and nothing of any environment is left
+afterwards. Slow: about a minute.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from environments.sandboxed import SandboxedTools
+from rlsched.config_agent import AgentConfig
+from rlsched.engine.protocol import SamplingParams
+from rlsched.engine.torch_engine import TorchRolloutEngine
+from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.template import Message
+from rlsched.rl import agent as ag
+from rlsched.rl.batching import pack, sequence_logprobs
+from rlsched.rl.episodes import episode_batch
+from rlsched.rl.task import JsonlProblem
+from rlsched.rl.tool_warmup import episode_tokens, teacher_episode
+from rlsched.rl.word_problems import LEVELS, draw_problem
+from rlsched.serve.episodes import EndReason, Episode, training_sequence
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "configs" / "chat_templates" / "smollm2_tools.jinja"
+CALCULATOR = (ROOT / "configs" / "tools" / "calculator.py").read_text()
+SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+BROKEN = JsonlProblem(
+    "broken", (Message(role="user", content="Call the calculator the wrong way, please."),), "0", "math"
+)
+BROKEN_REPLY = '<tool_call>\n{"name": "calculator", "arguments": \n</tool_call>'
+
+
+def agent_cfg(program: str = CALCULATOR, timeout_s: float = 5.0, **limits: Any) -> AgentConfig:
+    tool = {"name": "calculator", "description": "Evaluate an arithmetic expression", "parameters": SCHEMA}
+    return AgentConfig.model_validate(
+        {"tools": [tool | {"program": program, "timeout_s": timeout_s}], **limits}
+    )
+
+
+class Model:
+    def __init__(self, tokenizer: Any, model: Any, problems: list[JsonlProblem]) -> None:
+        self.tokenizer, self.model, self.problems = tokenizer, model, problems
+
+    def rollout(self, cfg: AgentConfig, max_tokens: int = 48, retries: int = 2) -> ag.AgentRollout:
+        engine = TorchRolloutEngine(copy.deepcopy(self.model), self.tokenizer, prefix_cache_blocks=64)
+        end = self.tokenizer.id_of("<|im_end|>")
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=(end,))
+        make = ag.environment_factory(cfg)
+        return ag.AgentRollout(engine, self.tokenizer, make, params, ag.AgentLimits.of(cfg), retries)
+
+
+@pytest.fixture(scope="module")
+def trained(smollm2_dir: Path) -> Model:
+    ckpt = load_checkpoint(smollm2_dir, dtype=torch.float32)
+    tok = ckpt.tokenizer
+    tok.hf.chat_template = TEMPLATE.read_text()
+    rng = random.Random(0)
+    problems = [draw_problem(rng, LEVELS[next(iter(LEVELS))]) for _ in range(3)]
+    tools = ag.environment_factory(agent_cfg())().tools
+    end = tok.id_of("<|im_end|>")
+    episodes = [teacher_episode(p) for p in problems]
+    episodes.append(
+        [*(m.model_dump() for m in BROKEN.messages()), {"role": "assistant", "content": BROKEN_REPLY}]
+    )
+    rows = [episode_tokens(tok, e, tools, end) for e in episodes]
+    batch = pack(
+        [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id or 0, masks=[r[2] for r in rows]
+    )
+    model = ckpt.model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    for _ in range(12):
+        loss = -(sequence_logprobs(model, batch) * batch.loss_mask).sum() / batch.loss_mask.sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return Model(tok, model.eval(), problems)
+
+
+@pytest.fixture(autouse=True)
+def nothing_outlives() -> Iterator[None]:
+    """Every test leaves no sandbox directory behind (its environments were all destroyed)."""
+    before = set(Path(tempfile.gettempdir()).glob("rlsched-sandbox-*"))
+    yield
+    assert set(Path(tempfile.gettempdir()).glob("rlsched-sandbox-*")) <= before
+
+
+def test_an_episode_calls_the_tool_reads_its_result_and_answers(trained: Model) -> None:
+    rollout = trained.rollout(agent_cfg())
+    runs = rollout.run(trained.problems, 1, "t")
+    for run, problem in zip(runs, trained.problems, strict=True):
+        assert run.episode.ended is EndReason.FINAL_ANSWER and run.fault is None
+        assert (run.turns, run.tool_calls, run.tool_errors) == (2, 1, 0)
+        assert f"\\boxed{{{problem.answer}}}" in run.answer
+        first, second = run.episode.turns
+        assert second.prompt_ids[: len(first.prompt_ids) + len(first.token_ids)] == (
+            *first.prompt_ids,
+            *first.token_ids,
+        )  # the reply's tokens are the engine's, not a re-tokenization
+        observation = trained.tokenizer.decode(
+            second.prompt_ids[len(first.prompt_ids) + len(first.token_ids) :]
+        )
+        assert problem.answer in observation and "tool_response" in observation
+        seq = training_sequence(run.episode)
+        assert sum(seq.mask) == len(first.token_ids) + len(second.token_ids)  # observations masked
+        run.episode.reward = 1.0
+    assert Episode.from_json(runs[0].episode.as_json()).turns == runs[0].episode.turns
+    assert len(episode_batch([r.episode for r in runs]).items) == 3
+    assert sum(r.cached_tokens for r in runs) > 0  # the second turns' prompts came from the prefix cache
+
+
+def test_a_hanging_tool_is_stopped_and_the_model_reads_an_error(trained: Model) -> None:
+    rollout = trained.rollout(agent_cfg("import time\ntime.sleep(60)", timeout_s=1.0, max_turns=2))
+    (run,) = rollout.run(trained.problems[:1], 1, "hang")
+    assert run.tool_errors == 1 and run.fault is None and run.tool_s < 5
+    second = run.episode.turns[1]
+    told = trained.tokenizer.decode(second.prompt_ids)
+    assert "did not finish within 1 s and was stopped" in told
+
+
+def test_a_malformed_call_becomes_an_error_observation(trained: Model) -> None:
+    rollout = trained.rollout(agent_cfg(max_turns=2))
+    (run,) = rollout.run([BROKEN], 1, "broken")
+    assert run.malformed == 1 and run.tool_calls == 0 and run.turns == 2
+    told = trained.tokenizer.decode(run.episode.turns[1].prompt_ids)
+    assert "your tool call could not be read" in told
+
+
+def test_limits_end_episodes_with_typed_reasons(trained: Model) -> None:
+    one = trained.problems[:1]
+    (run,) = trained.rollout(agent_cfg(max_turns=1)).run(one, 1, "turns")
+    assert run.episode.ended is EndReason.MAX_TURNS and run.tool_calls == 0 and run.truncated
+    (run,) = trained.rollout(agent_cfg(max_tokens=6)).run(one, 1, "tokens")
+    assert run.episode.ended is EndReason.MAX_TOKENS and len(run.episode.turns[0].token_ids) == 6
+    (run,) = trained.rollout(agent_cfg(), max_tokens=4).run(one, 1, "length")
+    assert run.episode.ended is EndReason.LENGTH
+    (run,) = trained.rollout(agent_cfg(max_wall_s=0.01)).run(one, 1, "wall")
+    assert run.episode.ended is EndReason.WALL_TIME and run.turns == 1
+    run.episode.reward = 0.0
+    assert ag.train_items([run], train_truncated=False) == []
+    assert len(ag.train_items([run], train_truncated=True)) == 1
+
+
+def test_an_environment_that_cannot_be_prepared_is_retried_then_a_fault(
+    trained: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = AgentConfig.model_validate(
+        agent_cfg().model_dump() | {"environments": {"default": {"setup": "raise SystemExit('no disk')"}}}
+    )
+    attempts = []
+    prepare = SandboxedTools.prepare
+
+    def counted(self: SandboxedTools) -> None:
+        attempts.append(1)
+        prepare(self)
+
+    monkeypatch.setattr(SandboxedTools, "prepare", counted)
+    (run,) = trained.rollout(cfg, retries=2).run(trained.problems[:1], 1, "fault")
+    assert run.episode.ended is EndReason.ENV_FAULT and "setup failed" in (run.fault or "")
+    assert len(attempts) == 3 and run.turns == 0
+    assert ag.train_items([run], train_truncated=True) == []  # not a zero reward: not trained at all
+    assert dataclasses.asdict(ag.stats([run]))["faults"] == 1
