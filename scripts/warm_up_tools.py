@@ -34,7 +34,9 @@ def main() -> int:
     ap.add_argument("--checkpoint", default=str(ROOT / "models/smollm2-135m-instruct"))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--eval", type=int, default=64, help="held-out problems evaluated before and after (0: none)")
+    ap.add_argument(
+        "--eval", type=int, default=64, help="held-out problems evaluated before and after (0: none)"
+    )
     ap.add_argument("--out", default=str(ROOT / "models/smollm2-calc"))
     args = ap.parse_args()
     torch.set_num_threads(2)

@@ -160,6 +160,14 @@ class RunGroups:
                 found.update(int(p) for p in Path(path).read_text().split())
         return sorted(found)
 
+    def memory_bytes(self) -> int | None:
+        """The memory the run's processes hold now (None: no memory group)."""
+        memory = self.dirs.get("memory")
+        if memory is None:
+            return None
+        v2 = self.controllers["memory"].version == 2
+        return _read_int(memory / ("memory.current" if v2 else "memory.usage_in_bytes"))
+
     def usage(self) -> Usage:
         peak, ooms, refused = None, 0, 0
         if (memory := self.dirs.get("memory")) is not None:

@@ -51,7 +51,13 @@ class EnvParams:
     policy: EnvPolicy
     types: Mapping[str, EnvType]
     capacity: Capacity
-    lead_s: float = 0.0  # prewarm: preparation starts this long before the model call should end
+    # prewarm: preparation starts this long before the model call should end (None: each predicted
+    # type's own preparation time, L = P, the shortest lead that hides a right prediction's wait)
+    lead_s: float | None = 0.0
+
+    def lead_for(self, tool: str) -> float:
+        return self.types[tool].prepare_s if self.lead_s is None else self.lead_s
+
     slots_per_episode: float = 1.0  # model slots an admitted episode reserves (its share of model time)
 
 
@@ -288,8 +294,9 @@ class EnvCore:
         self.counts.prepared += 1
         self._out.append(Prepare(env.name, env.tool))
 
-    def _free(self, env: _Env) -> None:
-        """Its memory back (if it held any), and whatever waited for memory tried again."""
+    def _free(self, env: _Env, admit: bool = True) -> None:
+        """Its memory back (if it held any), and whatever waited for memory tried again (`admit`:
+        and the episodes waiting for admission; an ending episode frees all its environments first)."""
         if env.state is not EnvState.REQUESTED:
             self.memory.release(env.name, self._now)
         else:
@@ -301,15 +308,16 @@ class EnvCore:
                 break
             self._blocked.popleft()
             self._start_preparing(head)
-        self._admit_waiting()
+        if admit:
+            self._admit_waiting()
 
-    def _release(self, episode: _Episode, env: _Env) -> None:
+    def _release(self, episode: _Episode, env: _Env, admit: bool = True) -> None:
         cancelled = env.state in (EnvState.REQUESTED, EnvState.PREPARING)
         env.to(EnvState.RELEASED)
         del episode.envs[env.tool]
         self._out.append(Cancel(env.name) if cancelled else Release(env.name))
         self.counts.cancelled += cancelled
-        self._free(env)
+        self._free(env, admit)
 
     def _prepared(self, e: Prepared) -> None:
         env = self.envs.get(e.env)
@@ -331,7 +339,8 @@ class EnvCore:
     def _model_call(self, e: ModelCallStarted) -> None:
         episode = self.episodes[e.episode]
         if self.params.policy is EnvPolicy.PREWARM and e.predicted is not None:
-            episode.prewarm = (max(e.at, e.expected_end - self.params.lead_s), e.predicted)
+            lead = self.params.lead_for(e.predicted)
+            episode.prewarm = (max(e.at, e.expected_end - lead), e.predicted)
             heapq.heappush(self._timers, (episode.prewarm[0], episode.name))
 
     def _due_prewarms(self) -> None:
@@ -373,5 +382,5 @@ class EnvCore:
         self.counts.ended += 1
         self.slots_held -= self.params.slots_per_episode
         for env in list(episode.envs.values()):
-            self._release(episode, env)
+            self._release(episode, env, admit=False)
         self._admit_waiting()

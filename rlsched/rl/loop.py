@@ -335,6 +335,8 @@ class GRPOLoop:
             records.append(rec)
             if rec.eval_pass_rate is not None:
                 self.log(self._progress_line(rec, time.monotonic() - t_update))
+            elif rec.episodes is not None:  # multi-turn steps are long: a line each
+                self.log(self._episodes_line(rec, time.monotonic() - t_update))
         update_s = time.monotonic() - t_update
         after = self.evaluate()
         self.log(
@@ -358,6 +360,15 @@ class GRPOLoop:
         summary = ag.stats(runs)
         self.last_eval_episodes = asdict(summary)
         return EvalResult(passed / len(runs), passed, len(runs), passed / len(runs))
+
+    @staticmethod
+    def _episodes_line(rec: StepRecord, elapsed: float) -> str:
+        e = rec.episodes or {}
+        ends = ", ".join(f"{k} {v}" for k, v in sorted(e.get("ends", {}).items()))
+        return (
+            f"step {rec.step:4d}  v{rec.version:<4d} reward {rec.reward:.3f}  turns {e.get('turns', 0):.2f}  "
+            f"tool calls {e.get('tool_calls', 0):.2f}  ends: {ends}  {elapsed:6.1f} s"
+        )
 
     @staticmethod
     def _progress_line(rec: StepRecord, elapsed: float) -> str:

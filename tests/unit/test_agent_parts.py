@@ -3,10 +3,13 @@ arithmetic, and the `agent` section's checks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from rlsched.config import JobConfig
+from rlsched.errors import UserError
 from rlsched.rl.word_problems import LEVELS, draw_problem, expression_of
 from rlsched.serve.tools import malformed, parse_hermes
 
@@ -45,7 +48,7 @@ def test_the_teachers_expression_is_the_problems_arithmetic() -> None:
     for level in LEVELS.values():
         for _ in range(50):
             p = draw_problem(rng, level)
-            value = eval(expression_of(p.id))  # noqa: S307 - our own "12 + 30"
+            value = eval(expression_of(p.id))
             assert str(value) == p.answer, p.id
     with pytest.raises(ValueError, match="not the id"):
         expression_of("row-17")
@@ -65,3 +68,11 @@ def test_the_agent_section_is_checked_when_the_job_is_loaded() -> None:
     for agent, why in cases:
         with pytest.raises(ValidationError, match=why):
             JobConfig.model_validate({"agent": agent})
+
+
+def test_the_ray_runtime_refuses_a_multi_turn_job_with_the_fix(tmp_path: Path) -> None:
+    from actors.job import preflight
+
+    cfg = JobConfig.model_validate({"agent": {"tools": [CALC]}})
+    with pytest.raises(UserError, match="--local"):
+        preflight(cfg, tmp_path)
