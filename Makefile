@@ -43,10 +43,10 @@ lint: setup
 model-smollm2: setup
 	$(VENV)/bin/rlsched model import smollm2
 
-# SmolLM2 warmed up on 10 steps of calculator episodes (about a minute): the start of the multi-turn
+# SmolLM2 warmed up on 14 steps of calculator episodes (about a minute): the start of the multi-turn
 # job configs/jobs/agent_calc.yaml, in models/smollm2-calc/; kept if already written
 model-smollm2-calc: model-smollm2
-	@test -f models/smollm2-calc/warm_up.json || $(PY) scripts/warm_up_tools.py --steps 10 --eval 0
+	@test -f models/smollm2-calc/warm_up.json || $(PY) scripts/warm_up_tools.py --steps 14 --eval 0
 
 bench: setup model-smollm2
 	@for f in scripts/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -151,6 +152,12 @@ def _progress(total: int) -> Iterator[Callable[[int, str], None] | None]:
         yield tick
 
 
+def _exit_on_term(signum: int, _frame: object) -> None:
+    """SIGTERM stops a local run as an exception would: its episodes' environments are destroyed on
+    the way out, not left behind as the default action (the process gone at once) would leave them."""
+    raise SystemExit(128 + signum)
+
+
 def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
     """The same GRPO components in one process, without Ray (debugging, profiling)."""
     from rlsched.config import EngineKind
@@ -175,7 +182,12 @@ def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
         f"the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
     loop = GRPOLoop(cfg, log=plain)
-    report = loop.run()
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)  # finally-blocks close environments
+    try:
+        report = loop.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        loop.close()
     path, ckpt = write_outputs(loop, report, out_dir)
     console.print(
         f"[bold]eval pass rate: before {100 * report.before.pass_rate:.1f}%  after "

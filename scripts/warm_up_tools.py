@@ -1,7 +1,7 @@
 """Warm SmolLM2-135M-Instruct up on calculator episodes and write it as a checkpoint: the start of the
 multi-turn job `configs/jobs/agent_calc.yaml` (`make model-smollm2-calc`).
 
-    .venv/bin/python scripts/warm_up_tools.py [--steps 10] [--eval 64] [--out models/smollm2-calc]
+    .venv/bin/python scripts/warm_up_tools.py [--steps 14] [--eval 64] [--out models/smollm2-calc]
 
 Teacher episodes on the job's training problems (`rlsched.rl.tool_warmup`), a few AdamW steps, then
 the held-out success rate of greedy episodes with the real sandboxed calculator, before and after,
@@ -32,7 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs/jobs/agent_calc.yaml"))
     ap.add_argument("--checkpoint", default=str(ROOT / "models/smollm2-135m-instruct"))
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument(
         "--eval", type=int, default=64, help="held-out problems evaluated before and after (0: none)"

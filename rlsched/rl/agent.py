@@ -43,7 +43,7 @@ from typing import Any
 
 from environments.protocol import Environment, EnvironmentFault, Observation, ToolSpec
 from environments.sandboxed import SandboxedTools, ToolEnvironments
-from rlsched.config_agent import AgentConfig
+from rlsched.config_agent import AgentConfig, ToolConfig
 from rlsched.core.envs import EnvPolicy
 from rlsched.engine.protocol import (
     FinishReason,
@@ -117,7 +117,7 @@ EnvFactory = Callable[[], Environment]
 def environment_factory(cfg: AgentConfig, sandbox: SandboxPolicy | None = None) -> EnvFactory:
     """A new episode's environments, as the job's `agent` section declares them."""
     specs = {t.name: ToolSpec(t.name, t.description, dict(t.parameters), t.timeout_s) for t in cfg.tools}
-    sources = {t.name: t.source() for t in cfg.tools}
+    sources = {t.name: _program_source(t) for t in cfg.tools}
 
     def make() -> Environment:
         kinds = {}
@@ -129,6 +129,21 @@ def environment_factory(cfg: AgentConfig, sandbox: SandboxPolicy | None = None) 
         return ToolEnvironments(kinds, rebuild=cfg.policy is EnvPolicy.REBUILD)
 
     return make
+
+
+def _program_source(tool: ToolConfig) -> str:
+    """A tool's program, read and compiled now: a missing file or a syntax error is the job's bad
+    input, said before any episode runs."""
+    where = f"tool {tool.name}'s program" + (f" ({tool.program_file})" if tool.program_file else "")
+    try:
+        source = tool.source()
+    except OSError as err:
+        raise UserError(f"{where} cannot be read: {err.strerror}; fix agent.tools[].program_file") from None
+    try:
+        compile(source, where, "exec")
+    except SyntaxError as err:
+        raise UserError(f"{where} is not valid Python: {err.msg} (line {err.lineno})") from None
+    return source
 
 
 def check_renders_tools(tokenizer: Tokenizer, tools: Sequence[ToolSpec]) -> None:

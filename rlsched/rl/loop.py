@@ -140,6 +140,11 @@ class GRPOLoop:
             run_seed_for_requests(self.cfg),
         )  # fmt: skip
 
+    def close(self) -> None:
+        """Release what the loop holds outside the model: the multi-turn rollout's tool threads."""
+        if self.agent is not None:
+            self.agent.close()
+
     def _frozen_copy(self) -> Any:
         return copy.deepcopy(self.policy).eval().requires_grad_(False)
 

@@ -76,3 +76,16 @@ def test_the_ray_runtime_refuses_a_multi_turn_job_with_the_fix(tmp_path: Path) -
     cfg = JobConfig.model_validate({"agent": {"tools": [CALC]}})
     with pytest.raises(UserError, match="--local"):
         preflight(cfg, tmp_path)
+
+
+def test_a_tools_program_that_is_missing_or_not_python_is_refused_before_any_episode(tmp_path: Path) -> None:
+    from rlsched.rl.agent import environment_factory
+
+    missing = JobConfig.model_validate(
+        {"agent": {"tools": [CALC | {"program": None, "program_file": "nope.py"}]}}
+    )
+    with pytest.raises(UserError, match="cannot be read"):
+        environment_factory(missing.agent)
+    broken = JobConfig.model_validate({"agent": {"tools": [CALC | {"program": "print(("}]}})
+    with pytest.raises(UserError, match="is not valid Python"):
+        environment_factory(broken.agent)
