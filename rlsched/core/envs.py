@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rlsched.policy.environments import Admitted, Capacity, MemoryLedger, Reservation, admit
+from rlsched.policy.environments import Admitted, Capacity, MemoryLedger, Reservation, admit, pause_plan
 from rlsched.policy.lifecycle import EnvState, env_transition
 
 
@@ -47,6 +47,20 @@ class EnvType:
 
 
 @dataclass(frozen=True)
+class PauseParams:
+    """Pausing an idle resident environment over the model's turn (SPEC section 9): saving takes
+    `save_s_per_gib` a GiB, resuming `resume_s`; the memory is free only in between. It is chosen when
+    `price_per_gib_s x GiB x seconds freed > transition_cost` (`always`: whenever it frees anything,
+    or, with `always` and no prices, every time, to measure what it costs)."""
+
+    save_s_per_gib: float
+    resume_s: float
+    price_per_gib_s: float | None = None
+    transition_cost: float | None = None
+    always: bool = False
+
+
+@dataclass(frozen=True)
 class EnvParams:
     policy: EnvPolicy
     types: Mapping[str, EnvType]
@@ -59,6 +73,7 @@ class EnvParams:
         return self.types[tool].prepare_s if self.lead_s is None else self.lead_s
 
     slots_per_episode: float = 1.0  # model slots an admitted episode reserves (its share of model time)
+    pause: PauseParams | None = None  # resident: pause idle environments over model turns where it pays
 
 
 # -- events ------------------------------------------------------------------------------------------
@@ -98,6 +113,20 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class Paused:
+    """Its memory is saved outside; what it held is free."""
+
+    at: float
+    env: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    at: float
+    env: str
+
+
+@dataclass(frozen=True)
 class ToolDone:
     at: float
     episode: str
@@ -116,7 +145,7 @@ class Tick:
     at: float
 
 
-Event = Arrived | ModelCallStarted | ToolCalled | Prepared | ToolDone | Ended | Tick
+Event = Arrived | ModelCallStarted | ToolCalled | Prepared | Paused | Resumed | ToolDone | Ended | Tick
 
 
 # -- effects -----------------------------------------------------------------------------------------
@@ -151,13 +180,24 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Pause:
+    env: str
+    save_s: float  # what saving it is expected to take
+
+
+@dataclass(frozen=True)
+class Resume:
+    env: str
+
+
+@dataclass(frozen=True)
 class RunTool:
     episode: str
     env: str
     waited_s: float  # preparation the tool call waited for (exposed)
 
 
-Effect = Admit | Pend | Prepare | Cancel | Release | RunTool
+Effect = Admit | Pend | Prepare | Cancel | Release | Pause | Resume | RunTool
 
 
 @dataclass(slots=True)
@@ -166,6 +206,7 @@ class _Env:
     episode: str
     tool: str
     state: EnvState = EnvState.REQUESTED
+    resume_at: float = 0.0  # paused: when to start restoring it (its call's expected start, less the resume)
 
     def to(self, target: EnvState) -> None:
         self.state = env_transition(self.state, target)
@@ -190,6 +231,7 @@ class EnvCounts:
     misses: int = 0  # prewarm: the predicted type was wrong
     waited_s: float = 0.0  # exposed preparation waits, summed
     tool_calls: int = 0
+    paused: int = 0
     pending_by: Counter[str] = field(default_factory=Counter)  # pending reasons, by resource
 
 
@@ -205,6 +247,7 @@ class EnvCore:
         self._blocked: deque[str] = deque()  # environments whose preparation waits for memory
         self._made = 0
         self._timers: list[tuple[float, str]] = []  # prewarm starts (a heap; stale ones skipped)
+        self._resumes: list[tuple[float, str]] = []  # paused environments' resumptions (env names)
         self._now = 0.0
         self._out: list[Effect] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -212,6 +255,8 @@ class EnvCore:
             ModelCallStarted: self._model_call,
             ToolCalled: self._tool_called,
             Prepared: self._prepared,
+            Paused: self._paused,
+            Resumed: self._resumed,
             ToolDone: self._tool_done,
             Ended: self._ended,
             Tick: lambda e: None,
@@ -221,13 +266,15 @@ class EnvCore:
         self._now = event.at
         self._handlers[type(event)](event)
         self._due_prewarms()
+        self._due_resumes()
         out, self._out = self._out, []
         return out
 
     def next_wakeup(self) -> float | None:
-        """When a prewarm preparation is due to start (the driver sends a `Tick` then)."""
+        """When a prewarm preparation or a resumption is due to start (the driver sends a `Tick`)."""
         self._drop_stale_timers()
-        return self._timers[0][0] if self._timers else None
+        due = [q[0][0] for q in (self._timers, self._resumes) if q]
+        return min(due) if due else None
 
     def _drop_stale_timers(self) -> None:
         while self._timers:
@@ -297,19 +344,26 @@ class EnvCore:
     def _free(self, env: _Env, admit: bool = True) -> None:
         """Its memory back (if it held any), and whatever waited for memory tried again (`admit`:
         and the episodes waiting for admission; an ending episode frees all its environments first)."""
-        if env.state is not EnvState.REQUESTED:
-            self.memory.release(env.name, self._now)
-        else:
+        if env.name in self._blocked:  # it waited for memory it never got
             self._blocked.remove(env.name)
+        elif self.memory.holds(env.name):  # not while paused: its memory was free then
+            self.memory.release(env.name, self._now)
         del self.envs[env.name]
+        self._unblock()
+        if admit:
+            self._admit_waiting()
+
+    def _unblock(self) -> None:
+        """Start the preparations and resumptions that waited for memory, in order, while it fits."""
         while self._blocked:
             head = self.envs[self._blocked[0]]
             if self.memory.held_gib() + self.params.types[head.tool].memory_gib > self._memory_room() + 1e-9:
                 break
             self._blocked.popleft()
-            self._start_preparing(head)
-        if admit:
-            self._admit_waiting()
+            if head.state is EnvState.PAUSED:
+                self._start_resuming(head)
+            else:
+                self._start_preparing(head)
 
     def _release(self, episode: _Episode, env: _Env, admit: bool = True) -> None:
         cancelled = env.state in (EnvState.REQUESTED, EnvState.PREPARING)
@@ -334,17 +388,87 @@ class EnvCore:
         self.counts.waited_s += waited
         self._out.append(RunTool(episode.name, env.name, waited))
 
+    # -- pausing -----------------------------------------------------------------------------------
+
+    def _maybe_pause(self, env: _Env, call_expected: float) -> None:
+        """Pause an idle environment over the model's turn where it pays (`PauseParams`)."""
+        pause = self.params.pause
+        assert pause is not None
+        gib = self.params.types[env.tool].memory_gib
+        gap = call_expected - self._now
+        if gap <= 0:
+            return
+        plan = pause_plan(
+            gib, gap, pause.save_s_per_gib, pause.resume_s, pause.price_per_gib_s, pause.transition_cost
+        )
+        if not (pause.always or (plan.pays if plan.pays is not None else plan.freed_s > 0)):
+            return
+        env.to(EnvState.PAUSING)
+        env.resume_at = call_expected - pause.resume_s
+        self.counts.paused += 1
+        self._out.append(Pause(env.name, plan.save_s))
+
+    def _paused(self, e: Paused) -> None:
+        env = self.envs.get(e.env)
+        if env is None or env.state is not EnvState.PAUSING:
+            return  # released meanwhile
+        env.to(EnvState.PAUSED)
+        self.memory.release(env.name, self._now)
+        self._unblock()
+        self._admit_waiting()
+        waiting = self.episodes[env.episode].waiting
+        if waiting is not None and waiting[0] == env.tool:
+            self._resume(env)  # its call came while it was being saved: restored at once
+        else:
+            heapq.heappush(self._resumes, (max(self._now, env.resume_at), env.name))
+
+    def _due_resumes(self) -> None:
+        while self._resumes and self._resumes[0][0] <= self._now + 1e-12:
+            _, name = heapq.heappop(self._resumes)
+            env = self.envs.get(name)
+            if env is not None and env.state is EnvState.PAUSED and name not in self._blocked:
+                self._resume(env)
+
+    def _resume(self, env: _Env) -> None:
+        """Restore it ahead of its call, when its memory fits; else it waits for memory."""
+        if self.memory.held_gib() + self.params.types[env.tool].memory_gib <= self._memory_room() + 1e-9:
+            self._start_resuming(env)
+        else:
+            self._blocked.append(env.name)
+            self.counts.pending_by["memory"] += 1
+
+    def _start_resuming(self, env: _Env) -> None:
+        env.to(EnvState.RESUMING)
+        self.memory.reserve(env.name, self.params.types[env.tool].memory_gib, self._now)
+        self._out.append(Resume(env.name))
+
+    def _resumed(self, e: Resumed) -> None:
+        env = self.envs.get(e.env)
+        if env is None or env.state is not EnvState.RESUMING:
+            return
+        env.to(EnvState.READY)
+        episode = self.episodes[env.episode]
+        if episode.waiting is not None and episode.waiting[0] == env.tool:
+            self._run(episode, env, e.at - episode.waiting[1])
+
     # -- the episode's rounds ----------------------------------------------------------------------
 
     def _model_call(self, e: ModelCallStarted) -> None:
         episode = self.episodes[e.episode]
+        if self.params.pause is not None and self.params.policy is EnvPolicy.RESIDENT:
+            for env in episode.envs.values():
+                if env.state is EnvState.IDLE:
+                    self._maybe_pause(env, e.expected_end)
         if self.params.policy is EnvPolicy.PREWARM and e.predicted is not None:
             lead = self.params.lead_for(e.predicted)
             episode.prewarm = (max(e.at, e.expected_end - lead), e.predicted)
             heapq.heappush(self._timers, (episode.prewarm[0], episode.name))
 
     def _due_prewarms(self) -> None:
-        while (wake := self.next_wakeup()) is not None and wake <= self._now + 1e-12:
+        while True:
+            self._drop_stale_timers()
+            if not self._timers or self._timers[0][0] > self._now + 1e-12:
+                return
             _, name = heapq.heappop(self._timers)
             episode = self.episodes[name]
             assert episode.prewarm is not None
@@ -367,8 +491,10 @@ class EnvCore:
         env = found if found is not None else self._prepare(episode, e.tool)
         if env.state in (EnvState.READY, EnvState.IDLE):
             self._run(episode, env, 0.0)
-        else:
-            episode.waiting = (e.tool, e.at)
+            return
+        episode.waiting = (e.tool, e.at)
+        if env.state is EnvState.PAUSED and env.name not in self._blocked:
+            self._resume(env)  # the call came before its resumption was due
 
     def _tool_done(self, e: ToolDone) -> None:
         episode = self.episodes[e.episode]

@@ -370,5 +370,8 @@ class MemoryLedger:
         self.gib_s += held
         return held
 
+    def holds(self, key: str) -> bool:
+        return key in self._open
+
     def held_gib(self) -> float:
         return self._held

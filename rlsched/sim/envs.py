@@ -6,7 +6,8 @@ Each episode runs `rounds` rounds: a model call of `model_s`, then a tool call o
 type drawn from `mix`; it ends with its last tool call's observation. Each model call comes with a
 prediction of the next tool type, right with probability `hit_rate` (otherwise another type); the
 core decides what to prepare and when.
-Preparations take their type's `prepare_s`. Arrivals are every 1/rate seconds (deterministic, as the
+Preparations take their type's `prepare_s`; a pause takes what saving the environment takes, and
+a resumption `pause.resume_s` (`EnvParams.pause`). Arrivals are every 1/rate seconds (deterministic, as the
 chapter's steady state), or all at once when `rate` is 0.
 """
 
@@ -44,6 +45,7 @@ class EnvRun:
     binding: str | None  # the resource pending reasons named most (None: nothing waited)
     hit_rate: float  # tool calls whose environment existed when called
     creations_per_s: float  # preparations per task x throughput
+    pauses: int = 0  # idle environments paused over a model turn
 
 
 def simulate_envs(
@@ -94,6 +96,11 @@ def simulate_envs(
                 push(ec.Prepared(at + params.types[effect.tool].prepare_s, effect.env))
             elif isinstance(effect, ec.RunTool):
                 push(ec.ToolDone(at + spec.tool_s, effect.episode))
+            elif isinstance(effect, ec.Pause):
+                push(ec.Paused(at + effect.save_s, effect.env))
+            elif isinstance(effect, ec.Resume):
+                assert params.pause is not None
+                push(ec.Resumed(at + params.pause.resume_s, effect.env))
         if isinstance(event, ec.ToolDone):
             rounds_left[event.episode] -= 1
             if rounds_left[event.episode]:
@@ -145,4 +152,5 @@ def _summary(
         binding=pending[0][0] if pending else None,
         hit_rate=c.hits / max(c.tool_calls, 1),
         creations_per_s=c.prepared / max(n, 1) * throughput,
+        pauses=c.paused,
     )

@@ -88,3 +88,62 @@ def test_a_preparation_whose_memory_does_not_fit_waits_for_memory() -> None:
     core.handle(ec.Prepared(11.0, "env-1"))
     assert core.handle(ec.ToolDone(12.0, "a")) == [ec.Release("env-1"), ec.Prepare("env-2", "tool")]
     assert core.handle(ec.Prepared(14.0, "env-2")) == [ec.RunTool("b", "env-2", 5.0)]
+
+
+HALF = {"tool": EnvType(memory_gib=0.5, prepare_s=2)}
+
+
+@pytest.mark.parametrize(
+    ("types", "pause", "gib_s", "pauses"),
+    [
+        (HALF, None, 15.0, 0),  # resident, kept over both 9 s turns after a call
+        (HALF, ec.PauseParams(save_s_per_gib=4, resume_s=1), 9.0, 2),  # 6 s freed in each: 15 - 2 x 3
+        (ONE, ec.PauseParams(save_s_per_gib=4, resume_s=1), 60.0, 0),  # 8 s + 1 s in a 9 s gap: no gain
+        (ONE, ec.PauseParams(save_s_per_gib=4, resume_s=1, always=True), 60.0, 2),  # 18 GiB-s either way
+    ],
+)
+def test_pausing_an_idle_environment_frees_what_the_chapter_says(
+    types: dict[str, EnvType], pause: ec.PauseParams | None, gib_s: float, pauses: int
+) -> None:
+    params = EnvParams(EnvPolicy.RESIDENT, types, UNBOUNDED, pause=pause)
+    run = simulate_envs(params, EpisodeSpec(), episodes=1, rate=0)
+    assert (run.task_s, run.gib_s_per_task, run.pauses, run.wait_per_call_s) == (30, gib_s, pauses, 0)
+
+
+@pytest.mark.parametrize(("cost", "pauses"), [(10.0, 0), (2.0, 2)])
+def test_pause_is_chosen_when_price_times_memory_times_freed_time_beats_the_transition(
+    cost: float, pauses: int
+) -> None:
+    pause = ec.PauseParams(save_s_per_gib=4, resume_s=1, price_per_gib_s=1.0, transition_cost=cost)
+    run = simulate_envs(EnvParams(EnvPolicy.RESIDENT, HALF, UNBOUNDED, pause=pause), EpisodeSpec(), 1, 0)
+    assert run.pauses == pauses  # 1 x 0.5 GiB x 6 s = 3 against the cost of saving and restoring
+
+
+def test_a_call_that_comes_before_its_environment_is_restored_waits_for_it() -> None:
+    core = ec.EnvCore(EnvParams(EnvPolicy.RESIDENT, HALF, UNBOUNDED, pause=ec.PauseParams(4, 1)))
+    core.handle(ec.Arrived(0, "e", ("tool",)))  # admitted and prepared at once (resident)
+    core.handle(ec.ModelCallStarted(0, "e", 9, "tool"))
+    env = next(iter(core.envs))
+    core.handle(ec.Prepared(2, env))
+    core.handle(ec.ToolCalled(9, "e", "tool"))
+    core.handle(ec.ToolDone(10, "e"))
+    assert [type(x) for x in core.handle(ec.ModelCallStarted(10, "e", 19, "tool"))] == [ec.Pause]
+    core.handle(ec.Paused(12, env))
+    assert core.memory.held_gib() == 0
+    # the model answered at 14, not 19: the resumption starts now, and the call waits for it
+    assert [type(x) for x in core.handle(ec.ToolCalled(14, "e", "tool"))] == [ec.Resume]
+    (run,) = core.handle(ec.Resumed(15, env))
+    assert isinstance(run, ec.RunTool) and run.waited_s == 1
+
+
+def test_an_episode_that_ends_while_its_preparation_waits_for_memory_leaves_no_trace() -> None:
+    core = ec.EnvCore(EnvParams(EnvPolicy.REBUILD, ONE, Capacity(cores=8, slots=8, memory_gib=2)))
+    for name in ("a", "b"):
+        core.handle(ec.Arrived(0, name, ("tool",)))
+    assert [type(x) for x in core.handle(ec.ToolCalled(1, "a", "tool"))] == [ec.Prepare]
+    assert core.handle(ec.ToolCalled(1, "b", "tool")) == []  # 2 GiB held by a's: b's waits for memory
+    core.handle(ec.Ended(2, "b"))  # a limit ends b before its environment could be prepared
+    env = next(iter(core.envs))
+    core.handle(ec.Prepared(3, env))
+    assert [type(x) for x in core.handle(ec.ToolDone(4, "a"))] == [ec.Release]  # and nothing for b
+    assert core.envs == {} and core.memory.held_gib() == 0
