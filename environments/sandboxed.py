@@ -8,7 +8,8 @@ arguments that are not JSON or do not match the tool's schema (`jsonschema`).
 `release` frees the environment between tool calls and keeps its files outside it (the sandbox's
 work directory as a tar archive); the next call, or `prepare`, builds a new sandbox and restores them:
 the `rebuild` policy. `ToolEnvironments` is an episode's whole set: one `SandboxedTools` per kind of
-environment its tools name, each tool call routed to its own kind.
+environment its tools name, each tool call routed to its own kind, each kind prepared and released
+when the environment core says.
 """
 
 from __future__ import annotations
@@ -146,18 +147,25 @@ class SandboxedTools:
 
 class ToolEnvironments:
     """An episode's environments: one `SandboxedTools` per kind (`kinds`: name -> environment), each
-    tool call routed to the kind that holds its tool. `rebuild`: each kind is prepared when a call
-    needs it and released after the call, its files kept; otherwise every kind is prepared at
-    `reset` and lives the whole episode (`resident`)."""
+    tool call routed to the kind that holds its tool. When each kind is prepared and released is the
+    environment core's to say (`rlsched.core.envs`, driven by `rlsched.rl.agent`): `reset` only arms
+    them with the episode's prompt; `prepare` and `release` act on one kind, and a call to a kind that
+    is not prepared prepares it first."""
 
-    def __init__(self, kinds: Mapping[str, SandboxedTools], rebuild: bool = False) -> None:
+    def __init__(self, kinds: Mapping[str, SandboxedTools]) -> None:
         self._kinds = dict(kinds)
-        self._rebuild = rebuild
         self._kind_of = {t.name: name for name, env in self._kinds.items() for t in env.tools}
 
     @property
     def tools(self) -> tuple[ToolSpec, ...]:
         return tuple(t for env in self._kinds.values() for t in env.tools)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._kinds)
+
+    def kind_of(self, tool: str) -> str | None:
+        return self._kind_of.get(tool)
 
     @property
     def preparations(self) -> int:
@@ -169,19 +177,20 @@ class ToolEnvironments:
 
     def reset(self, prompt: str) -> str:
         for env in self._kinds.values():
-            env.reset(prompt, prepare=not self._rebuild)
+            env.reset(prompt, prepare=False)
         return prompt
+
+    def prepare(self, kind: str) -> None:
+        self._kinds[kind].prepare()
+
+    def release(self, kind: str) -> None:
+        self._kinds[kind].release()
 
     def step(self, call: ParsedCall) -> Observation:
         kind = self._kind_of.get(call.name)
         if kind is None:
             return _unknown(call, self._kind_of)
-        env = self._kinds[kind]
-        try:
-            return env.step(call)
-        finally:
-            if self._rebuild:
-                env.release()
+        return self._kinds[kind].step(call)
 
     def close(self) -> dict[str, Any]:
         return {name: env.close() for name, env in self._kinds.items()}

@@ -8,7 +8,10 @@ An episode is a loop of turns:
    but does not parse is answered with an error observation saying why; a reply with no call is the
    final answer;
 3. execute  - each call runs in the episode's environments (`environments`), in order. A hang, a
-   crash, an unknown tool or bad arguments come back as error observations, and the episode goes on;
+   crash, an unknown tool or bad arguments come back as error observations, and the episode goes on.
+   When each environment is prepared and released is the environment core's to say
+   (`rlsched.core.envs`, the rules the simulator and the Ray driver follow): under `resident` at the
+   episode's start and end, under `rebuild` around each call, its files kept between;
 4. append   - the chat template renders the observations as tool messages after the reply, and only
    the new text is tokenized: the reply's tokens stay the ones the engine sampled, so the episode is
    one token sequence.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,9 +45,10 @@ from functools import partial
 from statistics import mean
 from typing import Any
 
-from environments.protocol import Environment, EnvironmentFault, Observation, ToolSpec
+from environments.protocol import EnvironmentFault, Observation, ToolSpec
 from environments.sandboxed import SandboxedTools, ToolEnvironments
 from rlsched.config_agent import AgentConfig, ToolConfig
+from rlsched.core import envs as ec
 from rlsched.core.envs import EnvPolicy
 from rlsched.engine.protocol import (
     FinishReason,
@@ -55,6 +60,7 @@ from rlsched.engine.protocol import (
 )
 from rlsched.errors import UserError
 from rlsched.model.tokenizer import Tokenizer
+from rlsched.policy.environments import Capacity
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.requests import request_seed
 from rlsched.rl.task import TaskProblem
@@ -63,6 +69,7 @@ from rlsched.serve.episodes import EndReason, Episode, Turn, continue_prompt
 from rlsched.serve.tools import OPEN, ParsedCall, malformed, parse_hermes
 from verifiers.sandbox_types import SandboxPolicy
 
+UNLIMITED = Capacity(cores=1e9, slots=1e9, memory_gib=1e9)
 LIMITS = frozenset({EndReason.MAX_TURNS, EndReason.MAX_TOKENS, EndReason.WALL_TIME, EndReason.LENGTH})
 
 
@@ -83,7 +90,7 @@ class EpisodeRun:
 
     episode: Episode
     problem: TaskProblem
-    env: Environment
+    env: ToolEnvironments
     messages: list[dict[str, Any]]
     first_prompt: int  # tokens of the first prompt
     started: float
@@ -111,7 +118,12 @@ class EpisodeRun:
         return len(self.episode.turns)
 
 
-EnvFactory = Callable[[], Environment]
+EnvFactory = Callable[[], ToolEnvironments]
+
+
+def _prepared(env: ToolEnvironments, kind: str) -> bool:
+    env.prepare(kind)
+    return True
 
 
 def environment_factory(cfg: AgentConfig, sandbox: SandboxPolicy | None = None) -> EnvFactory:
@@ -119,14 +131,14 @@ def environment_factory(cfg: AgentConfig, sandbox: SandboxPolicy | None = None) 
     specs = {t.name: ToolSpec(t.name, t.description, dict(t.parameters), t.timeout_s) for t in cfg.tools}
     sources = {t.name: _program_source(t) for t in cfg.tools}
 
-    def make() -> Environment:
+    def make() -> ToolEnvironments:
         kinds = {}
         for name, env in cfg.environments.items():
             tools = tuple(specs[t.name] for t in cfg.tools if t.environment == name)
             if tools:
                 programs = {t.name: sources[t.name] for t in tools}
                 kinds[name] = SandboxedTools(tools, programs, sandbox, env.work_mb, env.setup)
-        return ToolEnvironments(kinds, rebuild=cfg.policy is EnvPolicy.REBUILD)
+        return ToolEnvironments(kinds)
 
     return make
 
@@ -179,11 +191,19 @@ class AgentRollout:
         env_retries: int = 2,
         run_seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        policy: EnvPolicy = EnvPolicy.RESIDENT,
     ) -> None:
         self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
         self.params, self.limits, self.env_retries = params, limits, env_retries
         self.run_seed, self.clock = run_seed, clock
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tools")
+        # when each environment is prepared and released: the environment core's rules, as on Ray and
+        # in the simulator (no admission limit here: the batch is what runs)
+        types = {kind: ec.EnvType(memory_gib=0.0, prepare_s=0.0) for kind in make_env().kinds}
+        self.core = ec.EnvCore(ec.EnvParams(policy, types, UNLIMITED))
+        self._core_lock = threading.Lock()
+        self._kind_of_env: dict[str, str] = {}
+        self._t0 = clock()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -200,13 +220,55 @@ class AgentRollout:
         )
         run.next_ids = ids
         run.episode.reference = problem.answer
-        self._with_retries(run, partial(env.reset, messages[-1]["content"]))
+        env.reset(messages[-1]["content"])  # armed with the task; prepared as the core says
+        self._realize(run, self._feed(ec.Arrived(self._now(), episode_id, env.kinds)))
         return run
 
     def _end(self, run: EpisodeRun, why: EndReason) -> None:
         if run.episode.ended is None:
             run.episode.ended, run.episode.ended_at = why, time.time()
+            with self._core_lock:
+                admitted = run.episode.id in self.core.episodes
+            if admitted:  # its environments released (all destroyed by `close` below)
+                for effect in self._feed(ec.Ended(self._now(), run.episode.id)):
+                    if isinstance(effect, (ec.Release, ec.Cancel)):
+                        self._kind_of_env.pop(effect.env, None)
         run.env.close()
+
+    # -- the environment core ----------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.clock() - self._t0
+
+    def _feed(self, event: ec.Event) -> list[ec.Effect]:
+        with self._core_lock:
+            effects = self.core.handle(event)
+            for e in effects:
+                if isinstance(e, ec.Prepare):
+                    self._kind_of_env[e.env] = e.tool
+            return effects
+
+    def _realize(self, run: EpisodeRun, effects: list[ec.Effect]) -> bool:
+        """Do what the core said for this episode: prepare (faults retried), release. Whether a
+        `RunTool` for it came (its call may run now)."""
+        runs = False
+        pending = list(effects)
+        while pending:
+            effect = pending.pop(0)
+            if isinstance(effect, ec.Pend):
+                raise RuntimeError(f"episode {effect.episode} was not admitted: {effect.reason}")
+            if isinstance(effect, ec.Prepare):
+                kind = effect.tool
+                if self._with_retries(run, partial(_prepared, run.env, kind)) is None:
+                    return False  # the environment failed past its retries: the episode ended
+                pending += self._feed(ec.Prepared(self._now(), effect.env))
+            elif isinstance(effect, ec.Release):
+                run.env.release(self._kind_of_env.pop(effect.env))
+            elif isinstance(effect, ec.Cancel):
+                self._kind_of_env.pop(effect.env, None)
+            elif isinstance(effect, ec.RunTool):
+                runs = True
+        return runs
 
     def _with_retries(self, run: EpisodeRun, act: Callable[[], Any]) -> Any:
         """`act` with the environment's faults retried; past the retries the episode is a fault."""
@@ -340,7 +402,7 @@ class AgentRollout:
                 why = malformed(run.answer) or "it does not parse"
                 out.append(Observation(call.id, f"error: your tool call could not be read: {why}", True))
                 continue
-            observation = self._with_retries(run, partial(run.env.step, call))
+            observation = self._call(run, call)
             if observation is None:
                 return None
             run.tool_calls += 1
@@ -348,6 +410,18 @@ class AgentRollout:
             run.tool_s += observation.seconds
             out.append(observation)
         return out
+
+    def _call(self, run: EpisodeRun, call: ParsedCall) -> Observation | None:
+        """One tool call in its kind's environment, prepared and released as the core says."""
+        kind = run.env.kind_of(call.name)
+        if kind is None:
+            return run.env.step(call)  # an unknown tool: an error observation, no environment involved
+        if not self._realize(run, self._feed(ec.ToolCalled(self._now(), run.episode.id, kind))):
+            return None
+        observation: Observation | None = self._with_retries(run, partial(run.env.step, call))
+        if observation is not None:
+            self._realize(run, self._feed(ec.ToolDone(self._now(), run.episode.id)))
+        return observation
 
     def _append(self, run: EpisodeRun, observations: list[Observation]) -> None:
         for o in observations:

@@ -137,7 +137,7 @@ class GRPOLoop:
         ag.check_renders_tools(tok, make_env().tools)
         return ag.AgentRollout(
             self.engine, tok, make_env, self.sampling, ag.AgentLimits.of(agent), agent.env_retries,
-            run_seed_for_requests(self.cfg),
+            run_seed_for_requests(self.cfg), policy=agent.policy,
         )  # fmt: skip
 
     def close(self) -> None:

@@ -64,7 +64,8 @@ class Model:
         end = self.tokenizer.id_of("<|im_end|>")
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=(end,))
         make = ag.environment_factory(cfg)
-        return ag.AgentRollout(engine, self.tokenizer, make, params, ag.AgentLimits.of(cfg), retries)
+        limits = ag.AgentLimits.of(cfg)
+        return ag.AgentRollout(engine, self.tokenizer, make, params, limits, retries, policy=cfg.policy)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +125,21 @@ def test_an_episode_calls_the_tool_reads_its_result_and_answers(trained: Model) 
     assert Episode.from_json(runs[0].episode.as_json()).turns == runs[0].episode.turns
     assert len(episode_batch([r.episode for r in runs]).items) == 3
     assert sum(r.cached_tokens for r in runs) > 0  # the second turns' prompts came from the prefix cache
+
+
+@pytest.mark.parametrize(("policy", "prepared"), [("resident", (1, 1)), ("rebuild", (1, 0))])
+def test_the_environment_core_says_when_each_environment_is_prepared_and_released(
+    trained: Model, policy: str, prepared: tuple[int, int]
+) -> None:
+    """Resident: prepared when the episode starts, whether or not it calls a tool; rebuild: only for
+    a call (the broken episode never makes one)."""
+    rollout = trained.rollout(agent_cfg(policy=policy, max_turns=2))
+    calls, broken = rollout.run([trained.problems[0], BROKEN], 1, policy)
+    assert (calls.tool_calls, broken.tool_calls) == (1, 0)
+    assert (calls.env.preparations, broken.env.preparations) == prepared
+    counts = rollout.core.counts
+    assert (counts.admitted, counts.ended, counts.tool_calls) == (2, 2, 1)
+    assert rollout.core.envs == {} and rollout.core.episodes == {}  # released with the episode
 
 
 def test_a_hanging_tool_is_stopped_and_the_model_reads_an_error(trained: Model) -> None:

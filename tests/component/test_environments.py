@@ -128,20 +128,22 @@ def test_a_restored_archive_cannot_reach_outside_the_work_directory(tmp_path: Pa
     assert secret.read_text() == "host file"
 
 
-def test_tool_environments_route_each_call_to_its_kind_and_rebuild_after_each() -> None:
+def test_tool_environments_route_each_call_to_its_kind_and_act_on_one_kind_at_a_time() -> None:
     kinds = {
         "notes": SandboxedTools((NOTE,), PROGRAMS),
         "broken": SandboxedTools((CRASH,), PROGRAMS),
     }
-    envs = ToolEnvironments(kinds, rebuild=True)
+    envs = ToolEnvironments(kinds)
     envs.reset("task")
     try:
-        assert envs.preparations == 0  # rebuild: nothing until a call needs it
+        assert envs.preparations == 0 and envs.kind_of("crash") == "broken"  # armed, not prepared
+        envs.prepare("notes")
         assert envs.step(call("note", {"line": "a"})).text == "a"
-        assert envs.step(call("note", {"line": "b"})).text == "a\nb"
+        envs.release("notes")
+        assert envs.step(call("note", {"line": "b"})).text == "a\nb"  # prepared again, files back
         assert envs.step(call("crash", {})).error
         assert envs.step(call("nope", {})).text.startswith("error: there is no tool 'nope'")
-        assert envs.preparations == 3 and not any(k.live for k in kinds.values())
+        assert envs.preparations == 3 and kinds["notes"].live and kinds["broken"].live
     finally:
         usage = envs.close()
-    assert set(usage) == {"notes", "broken"}
+    assert set(usage) == {"notes", "broken"} and not any(k.live for k in kinds.values())

@@ -17,6 +17,7 @@ JOB_FILES = sorted((ROOT / "configs" / "jobs").glob("*.yaml"))
 TEMPLATE_FILES = sorted((ROOT / "configs" / "templates").glob("*.json"))
 TASK_FILES = sorted((ROOT / "configs" / "tasks").glob("*.jsonl"))
 CHAT_TEMPLATE_FILES = sorted((ROOT / "configs" / "chat_templates").glob("*.jinja"))
+TOOL_FILES = sorted((ROOT / "configs" / "tools").glob("*.py"))
 ALL_SCENARIOS = sorted((ROOT / "configs" / "scenarios").glob("*.yaml"))
 CLUSTER_SCENARIOS = [p for p in ALL_SCENARIOS if "\nkind: cluster" in "\n" + p.read_text()]
 SCENARIO_FILES = [p for p in ALL_SCENARIOS if p not in CLUSTER_SCENARIOS]
@@ -27,8 +28,20 @@ ALL_CONFIG_FILES = sorted(p for p in (ROOT / "configs").rglob("*") if p.is_file(
 
 def test_every_file_under_configs_is_covered_by_a_loader() -> None:
     loaders = set(JOB_FILES) | set(TEMPLATE_FILES) | set(TASK_FILES) | set(ALL_SCENARIOS) | set(ADMIN_FILES)
-    loaders |= set(CHAT_TEMPLATE_FILES)
+    loaders |= set(CHAT_TEMPLATE_FILES) | set(TOOL_FILES)
     assert set(ALL_CONFIG_FILES) == loaders | set(SCENARIO_DATA)
+
+
+def test_every_tool_program_is_a_shipped_jobs_tool_and_compiles() -> None:
+    named = {
+        (ROOT / str(tool.program_file)).resolve()
+        for path in JOB_FILES
+        for tool in load_config(path).agent.tools
+        if tool.program_file is not None
+    }
+    assert {p.resolve() for p in TOOL_FILES} <= named
+    for path in TOOL_FILES:
+        compile(path.read_text(), str(path), "exec")
 
 
 def test_every_scenario_data_file_is_read_by_a_shipped_scenario() -> None:
