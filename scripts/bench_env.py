@@ -30,6 +30,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 import ray
 from _bench import parser, table, write
@@ -46,15 +47,16 @@ KINDS = {
 }
 
 
-def measure_preparations(host: object, repeats: int = 3) -> dict[str, float]:
+def measure_preparations(host: Any, repeats: int = 3) -> dict[str, float]:
     """Each kind's preparation, measured on the host (median of `repeats`)."""
     out = {}
     for kind in KINDS:
-        times = []
+        times: list[float] = []
         for k in range(repeats):
             name = f"probe-{kind}-{k}"
-            times.append(ray.get(host.prepare.remote(name, kind, "probe")))  # type: ignore[attr-defined]
-            ray.get(host.release.remote(name, False))  # type: ignore[attr-defined]
+            seconds: float = ray.get(host.prepare.remote(name, kind, "probe"))
+            times.append(seconds)
+            ray.get(host.release.remote(name, False))
         out[kind] = statistics.median(times)
     return out
 
@@ -87,7 +89,8 @@ def main() -> None:
     resident = runs[EnvPolicy.RESIDENT]
     base_s = statistics.median(resident.run_s)
     base_gib_s = resident.reserved_gib_s / resident.episodes
-    rows, results = [], []
+    rows: list[list[object]] = []
+    results: list[dict[str, Any]] = []
     for policy, r in runs.items():
         episode_s = statistics.median(r.run_s)
         gib_s = r.reserved_gib_s / r.episodes
@@ -116,7 +119,7 @@ def main() -> None:
         )  # fmt: skip
     turn_total = statistics.median(sum(p.turns_s) for p in plans)
     tools_total = args.rounds * statistics.fmean(k.tool_s for k in KINDS.values())
-    hit = results[-1]["prediction_hit_rate"]
+    hit = float(results[-1]["prediction_hit_rate"])
     bound = {
         "resident_episode_s": turn_total + tools_total,
         "prewarm_wait_per_call_s": fmean(prewarm_wait(p, hit, p).expected_wait_s for p in prep.values()),
