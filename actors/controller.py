@@ -36,6 +36,7 @@ from typing import Any
 
 import ray
 
+from actors.agent_episodes import AgentIterations
 from actors.cluster import ClusterClient
 from actors.fleet import Fleet, store_path
 from actors.interrupt import ctrl_c
@@ -55,6 +56,7 @@ from rlsched.policy.lifecycle import IterationPhase
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import DispatchPolicy, generation_order
 from rlsched.policy.versions import PipelineMode
+from rlsched.rl.agent import spec_of
 from rlsched.rl.assemble import assemble
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
@@ -134,6 +136,15 @@ class JobController:
             self._start_endpoint(out_dir, resume_after) if cfg.rollout.endpoint.enabled else None
         )
         self._judging: dict[RequestId, str] = {}  # the endpoint's episodes the verifiers judge
+        self.faulted: dict[RequestId, Outcome] = {}  # samples judged faults without a verifier
+        self._faults_due: list[RequestId] = []  # ... that the core has asked to verify
+        self.agent = self._agent_iterations(out_dir, resume_after is None) if cfg.agent.enabled else None
+
+    def _agent_iterations(self, out_dir: Path | None, fresh: bool) -> AgentIterations:
+        """A multi-turn job's iterations (`actors.agent_episodes`), its rounds journaled in the run's
+        `rounds.sqlite`."""
+        journal = out_dir / "rounds.sqlite" if out_dir is not None else None
+        return AgentIterations(self, spec_of(self.cfg, self.sampling, journal), fresh)
 
     # -- where the job starts, and where it starts again ----------------------------------------------
 
@@ -218,7 +229,9 @@ class JobController:
             self.trace.add(event, effects)
         for e in effects:
             if isinstance(e, it.Verify):
-                self.verification.verify(e.request_ids)
+                self._faults_due += [RequestId(r) for r in e.request_ids if r in self.faulted]
+                if rest := tuple(r for r in e.request_ids if r not in self.faulted):
+                    self.verification.verify(rest)
             else:
                 self.phases.ask(e)
 
@@ -311,7 +324,10 @@ class JobController:
 
     def _judged(self, outcomes: dict[RequestId, Outcome]) -> bool:
         """Report the outcomes settled since the last look; whether the core still waits for more."""
-        for request_id, outcome in self.verification.settled().items():
+        settled = self.verification.settled()
+        settled |= {rid: self.faulted.pop(rid) for rid in self._faults_due}
+        self._faults_due = []
+        for request_id, outcome in settled.items():
             outcomes[request_id] = outcome
             self._feed(it.Judged(self.clock(), request_id))
         return self.core.waiting
@@ -461,6 +477,8 @@ class JobController:
             rec = self.pipeline.run_until(iteration)
             self.consumed = self.pipeline.consumed.pop(iteration)
             return rec
+        if self.agent is not None:
+            return self.agent.run_iteration(iteration)
         start, phases = self.clock(), self.phases
         requests, references = self.request_samples(iteration)  # 1
         self._feed(it.Started(start, iteration, tuple(r.request_id for r in requests)))
@@ -500,7 +518,10 @@ class JobController:
     # -- evaluation, the trained policy and shutdown ----------------------------------------------
 
     def evaluate(self, problems: tuple[TaskProblem, ...] | list[TaskProblem]) -> EvalResult:
-        """`rlsched.rl.evaluate`'s requests, spread over the serving instances, scored alike."""
+        """`rlsched.rl.evaluate`'s requests, spread over the serving instances, scored alike (a
+        multi-turn job's: greedy episodes)."""
+        if self.agent is not None:
+            return self.agent.evaluate(problems)
         requests = eval_requests(
             self.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
         )
@@ -554,6 +575,8 @@ class JobController:
         self.fleet.shutdown()
         self.verification.shutdown()
         self.group.shutdown()
+        if self.agent is not None:
+            self.agent.close()
 
 
 def run_silently(cfg: JobConfig, iterations: int) -> JobController:

@@ -35,9 +35,11 @@ from actors.rollout import JoinReport, RolloutInstance
 from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
 from rlsched.config import JobConfig
+from rlsched.config_agent import PREFIX_CACHE_BLOCKS
 from rlsched.core import fleet_io as fx
 from rlsched.core.demand import instance_bundle
 from rlsched.core.fleet import FleetCore, FleetTrace
+from rlsched.engine.prefix_cache import BLOCK
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
@@ -187,7 +189,7 @@ class Fleet:
             str(self.cfg.engine.kind),
             str(self.cfg.engine.dtype),
             self.cfg.weights.staged_load,
-            0,
+            PREFIX_CACHE_BLOCKS * BLOCK if self.cfg.agent.enabled else 0,  # turns extend the last
             str(r.swap_kv),
         )
         self._seeds += 1

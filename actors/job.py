@@ -5,7 +5,8 @@ before the next starts, and the checkpoints; `actors.durability`), `checkpoints/
 state every `checkpoint.every` iterations, at the end and when stopped), `metrics.jsonl` (the log's
 metrics rows: phase times, overlap, critical path, reward, pass rate, tokens/s, eval pass rate every
 k iterations), `timeline.json` (every span as a Chrome trace; open it in Perfetto) and `report.json`
-(before/after). `resume=True` continues the run in the directory from its newest checkpoint.
+(before/after); a multi-turn job adds `rounds.sqlite` (each episode's rounds, `actors.agent_episodes`).
+`resume=True` continues the run in the directory from its newest checkpoint.
 Whatever happens, actors are ended, the placement group removed, and an embedded cluster stopped.
 """
 
@@ -32,11 +33,15 @@ from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox
 from rlsched.config import EngineKind, JobConfig
 from rlsched.core.demand import job_spec, required_resources
+from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.metrics.tracking import Tracking
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
+from rlsched.model.tokenizer import Tokenizer
+from rlsched.policy.versions import PipelineMode
+from rlsched.rl import agent as ag
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task, check_prompts
 from rlsched.store.partial import PartialStore, StoreError
@@ -139,13 +144,10 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
     every prompt fits the model's context, the partial-output store can be written, and the chosen
     engine can serve the checkpoint (vLLM installed, where this Python runs the embedded cluster's
     instances). Returns a note for the user when some generations will be cut short by the context."""
-    if cfg.agent.enabled:
-        raise UserError(
-            "this job declares agent.tools: multi-turn episodes run in one process for now (rlsched run "
-            "--local); the Ray runtime generates single turns. Add --local"
-        )
     info = inspect_checkpoint(cfg.model.checkpoint)
     tokenizer, template = load_prompting(cfg.model.checkpoint, cfg.model.template)
+    if cfg.agent.enabled:
+        check_agent(cfg, tokenizer)
     if cfg.engine.kind is EngineKind.VLLM:
         from rlsched.engine.vllm import check_checkpoint, check_vllm_installed
 
@@ -163,6 +165,23 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
         except StoreError as err:
             raise UserError(str(err)) from None
     return room.note()
+
+
+def check_agent(cfg: JobConfig, tokenizer: Tokenizer) -> None:
+    """What a multi-turn job (`agent.tools`) cannot be combined with on Ray, said before it starts."""
+    if cfg.schedule.mode is not PipelineMode.SYNC:
+        raise UserError("multi-turn episodes (agent.tools) run in schedule.mode sync; set it")
+    if cfg.engine.kind is not EngineKind.TORCH:
+        raise UserError("multi-turn episodes (agent.tools) run on the torch engine; set engine.kind torch")
+    if cfg.rollout.endpoint.enabled:
+        raise UserError(
+            "a job with agent.tools runs its own episodes; the OpenAI endpoint's agents are another job "
+            "(set rollout.endpoint.enabled false, or drop agent.tools)"
+        )
+    spec = ag.spec_of(cfg, SamplingParams())  # its tools' template and programs read now: said here
+    if spec.chat_template is not None:
+        tokenizer.hf.chat_template = spec.chat_template
+    ag.check_renders_tools(tokenizer, ag.environment_factory(cfg.agent)().tools)
 
 
 def check_writable(cfg: JobConfig, out_dir: Path) -> None:

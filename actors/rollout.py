@@ -39,6 +39,7 @@ from rlsched.engine.protocol import (
     RequestId,
     RolloutEngine,
     Sample,
+    SamplingParams,
     WeightStage,
     WeightVersion,
 )
@@ -48,6 +49,8 @@ from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.policy.versions import SwapKV
+from rlsched.rl.agent import AgentRollout, AgentSpec, EpisodeRun
+from rlsched.rl.task import TaskProblem
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
 from rlsched.transfer.manifest import LATEST, Assembly, Buffer, blank, prefaulted
@@ -179,6 +182,7 @@ class Instance:
         self.store_failures = 0
         self._streams: StreamServer | None = None  # the endpoint's requests, made on the first
         self._streams_lock = threading.Lock()
+        self._agent: AgentRollout | None = None  # a multi-turn job's episodes, made on the first
         self._prepare_spare(background=False)  # part of starting: the first pull finds it made
 
     def _to(self, target: InstanceState) -> None:
@@ -380,6 +384,28 @@ class Instance:
         version = -1 if self.unavailable is not None else int(self.engine.version)
         return str(self.state), version, self.store_failures
 
+    # -- a multi-turn job's episodes -------------------------------------------------------------
+    def run_episodes(
+        self,
+        spec: AgentSpec,
+        problems: Sequence[TaskProblem],
+        places: Sequence[int],
+        group_size: int,
+        prefix: str,
+        params: SamplingParams | None = None,
+    ) -> list[EpisodeRun]:
+        """Episodes `PREFIX-PLACE-MEMBER` of `problems` (their `places` in the batch) on this engine,
+        each with its environments sandboxed on this node, every round journaled where `spec` says:
+        one that an earlier instance left under way resumes from its last committed round. `params`:
+        an evaluation's sampling knobs (not journaled)."""
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        if not isinstance(self.engine, TorchRolloutEngine):
+            raise NotServing(f"{self.instance_id}: multi-turn episodes run on torch instances (engine.kind)")
+        if self._agent is None:
+            self._agent = spec.rollout(self.engine, self.engine.tokenizer)
+        return self._agent.run(problems, group_size, prefix, params, indices=places)
+
     # -- the endpoint's streams -----------------------------------------------------------------
     @ray.method(concurrency_group="control")
     def describe(self) -> tuple[int, int]:
@@ -444,6 +470,8 @@ class Instance:
             self._to(InstanceState.DRAINING)
         if self._streams is not None:
             self._streams.close()
+        if self._agent is not None:
+            self._agent.close()
         if self.state is not InstanceState.RELEASED:
             self._to(InstanceState.RELEASED)
         if self.unavailable is None:

@@ -114,6 +114,20 @@ class SandboxedTools:
         self._box.destroy()
         self._box = None
 
+    def files(self) -> bytes | None:
+        """Its work directory's files as they stand (a tar archive), live or kept by a `release`;
+        None before it was ever prepared."""
+        if self._box is not None:
+            return self._box.save_work()
+        return self._archive
+
+    def restore(self, archive: bytes) -> None:
+        """Arm it with files saved from an earlier environment of this episode (a resumed episode):
+        its next `prepare` restores them instead of running the setup program."""
+        if self._box is not None:
+            raise RuntimeError("restore() before the environment is prepared")
+        self._archive = archive
+
     def step(self, call: ParsedCall) -> Observation:
         tool = self._by_name.get(call.name)
         if tool is None:
@@ -185,6 +199,12 @@ class ToolEnvironments:
 
     def release(self, kind: str) -> None:
         self._kinds[kind].release()
+
+    def files(self, kind: str) -> bytes | None:
+        return self._kinds[kind].files()
+
+    def restore(self, kind: str, archive: bytes) -> None:
+        self._kinds[kind].restore(archive)
 
     def step(self, call: ParsedCall) -> Observation:
         kind = self._kind_of.get(call.name)

@@ -20,6 +20,10 @@ from pydantic import Field, field_validator, model_validator
 from rlsched.config_load import Section
 from rlsched.core.envs import EnvPolicy
 
+# prefix-cache blocks (16 tokens each) a multi-turn job's engines keep: each turn's prompt extends the
+# last turn's prompt and reply, so its keys and values are reused, not computed again
+PREFIX_CACHE_BLOCKS = 512
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 
 

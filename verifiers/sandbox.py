@@ -73,6 +73,8 @@ PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 PREFIX = os.path.realpath(sys.base_prefix)
 INSIDE_PYTHON = "/python/" + os.path.relpath(PYTHON, PREFIX)
 UID_BASE, UID_COUNT = 200_000, 4096  # each concurrent run (or environment) holds one, by a file lock
+DIR_PREFIX = "rlsched-sandbox-"  # each sandbox's directory under the temporary directory
+ALIVE = ".alive"  # locked by the process whose sandbox the directory is
 CHANNEL_FDS = (3, 4)  # inside: requests in, responses out
 
 
@@ -113,8 +115,9 @@ class Sandbox:
     def __init__(self, policy: SandboxPolicy, persistent: bool, caps: Capabilities) -> None:
         self.policy, self.persistent, self.caps = policy, persistent, caps
         self.uid, self._uid_lock = _claim_uid()
-        self.host_dir = Path(tempfile.mkdtemp(prefix="rlsched-sandbox-"))
+        self.host_dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
         os.chmod(self.host_dir, 0o711)
+        self._alive = _hold(self.host_dir / ALIVE)  # free once this process is gone: `sweep_orphans`
         self.work: Path | None = None
         self.work_mounted = False
         self.executions = 0
@@ -263,6 +266,9 @@ class Sandbox:
                 subprocess.run(["umount", "-l", str(self.work)], capture_output=True)
                 self.work_mounted = False
             shutil.rmtree(self.host_dir, ignore_errors=True)
+            if self._alive >= 0:
+                os.close(self._alive)
+                self._alive = -1
             if self._uid_lock >= 0:
                 os.close(self._uid_lock)
                 self._uid_lock = -1
@@ -290,6 +296,41 @@ def _used_bytes(path: Path, mounted: bool) -> int:
                 elif entry.is_file(follow_symlinks=False):
                     total += entry.stat(follow_symlinks=False).st_size
     return total
+
+
+def _hold(lock: Path) -> int:
+    """An exclusive lock on `lock`, held by this process until the fd is closed or the process ends."""
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def sweep_orphans(root: Path | None = None) -> list[Path]:
+    """Remove the sandbox directories whose process died without destroying them (a SIGKILL, a Ray
+    worker that was lost): each live `Sandbox` holds a lock on its directory's `.alive` file, which
+    the kernel frees with its process. Their work mounts are undone first. A directory without that
+    file (a one-shot run's, or one being made) is left alone. Returns what was removed."""
+    removed = []
+    for host_dir in sorted(Path(root or tempfile.gettempdir()).glob(DIR_PREFIX + "*")):
+        alive = host_dir / ALIVE
+        try:
+            fd = os.open(alive, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # its sandbox lives
+        try:
+            work = host_dir / "work"
+            if os.path.ismount(work):
+                subprocess.run(["umount", "-l", str(work)], capture_output=True)
+            shutil.rmtree(host_dir, ignore_errors=True)
+            removed.append(host_dir)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _claim_uid() -> tuple[int, int]:
@@ -320,7 +361,7 @@ def _start(
     isolation: Isolation = Isolation.STRICT,
 ) -> Running:
     """Launch one execution: its cgroups, its orders, the launcher process."""
-    host_dir = box.host_dir if box is not None else Path(tempfile.mkdtemp(prefix="rlsched-sandbox-"))
+    host_dir = box.host_dir if box is not None else Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
     root = Path(tempfile.mkdtemp(dir=host_dir, prefix="root-"))
     scratch = root if box is not None else host_dir  # removed when the execution ends
     uid = box.uid if box is not None else UID_BASE - 1

@@ -128,8 +128,11 @@ class Resumed:
 
 @dataclass(frozen=True)
 class ToolDone:
+    """A tool call ended: the one of type `tool` (None: the episode's only running call)."""
+
     at: float
     episode: str
+    tool: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,9 @@ class _Episode:
     name: str
     tools: tuple[str, ...]
     envs: dict[str, _Env] = field(default_factory=dict)  # tool type -> its environment
-    waiting: tuple[str, float] | None = None  # a tool call (type, since) waiting for its environment
+    # tool calls waiting for their environment: type -> since. A turn's calls to different types run at
+    # once, each in its own environment; a type's next call comes after its last one is done
+    waiting: dict[str, float] = field(default_factory=dict)
     prewarm: tuple[float, str] | None = None  # (when to start preparing, which type)
 
 
@@ -379,11 +384,11 @@ class EnvCore:
             return  # cancelled meanwhile
         env.to(EnvState.READY)
         episode = self.episodes[env.episode]
-        if episode.waiting is not None and episode.waiting[0] == env.tool:
-            self._run(episode, env, e.at - episode.waiting[1])
+        if env.tool in episode.waiting:
+            self._run(episode, env, e.at - episode.waiting[env.tool])
 
     def _run(self, episode: _Episode, env: _Env, waited: float) -> None:
-        episode.waiting = None
+        episode.waiting.pop(env.tool, None)
         env.to(EnvState.BUSY)
         self.counts.waited_s += waited
         self._out.append(RunTool(episode.name, env.name, waited))
@@ -416,8 +421,7 @@ class EnvCore:
         self.memory.release(env.name, self._now)
         self._unblock()
         self._admit_waiting()
-        waiting = self.episodes[env.episode].waiting
-        if waiting is not None and waiting[0] == env.tool:
+        if env.tool in self.episodes[env.episode].waiting:
             self._resume(env)  # its call came while it was being saved: restored at once
         else:
             heapq.heappush(self._resumes, (max(self._now, env.resume_at), env.name))
@@ -448,8 +452,8 @@ class EnvCore:
             return
         env.to(EnvState.READY)
         episode = self.episodes[env.episode]
-        if episode.waiting is not None and episode.waiting[0] == env.tool:
-            self._run(episode, env, e.at - episode.waiting[1])
+        if env.tool in episode.waiting:
+            self._run(episode, env, e.at - episode.waiting[env.tool])
 
     # -- the episode's rounds ----------------------------------------------------------------------
 
@@ -479,10 +483,17 @@ class EnvCore:
 
     def _tool_called(self, e: ToolCalled) -> None:
         episode = self.episodes[e.episode]
+        running = episode.envs.get(e.tool)
+        if e.tool in episode.waiting or (running is not None and running.state is EnvState.BUSY):
+            raise ValueError(
+                f"episode {e.episode} called {e.tool} while its last call there is not done: an "
+                "environment runs one call at a time (send its ToolDone first)"
+            )
         self.counts.tool_calls += 1
         episode.prewarm = None  # the call came before the lead: prepared on demand below
         for tool, other in list(episode.envs.items()):
-            if tool != e.tool and self.params.policy is EnvPolicy.PREWARM:
+            busy = other.state is EnvState.BUSY or tool in episode.waiting  # this turn's other calls
+            if tool != e.tool and self.params.policy is EnvPolicy.PREWARM and not busy:
                 self.counts.misses += 1  # a wrong prediction: cancelled at once
                 self._release(episode, other)
         found = episode.envs.get(e.tool)
@@ -492,13 +503,14 @@ class EnvCore:
         if env.state in (EnvState.READY, EnvState.IDLE):
             self._run(episode, env, 0.0)
             return
-        episode.waiting = (e.tool, e.at)
+        episode.waiting[e.tool] = e.at  # preparing or paused
         if env.state is EnvState.PAUSED and env.name not in self._blocked:
             self._resume(env)  # the call came before its resumption was due
 
     def _tool_done(self, e: ToolDone) -> None:
         episode = self.episodes[e.episode]
-        env = next(v for v in episode.envs.values() if v.state is EnvState.BUSY)
+        busy = [v for v in episode.envs.values() if v.state is EnvState.BUSY]
+        env = episode.envs[e.tool] if e.tool is not None else busy[0]
         env.to(EnvState.IDLE)
         if self.params.policy is not EnvPolicy.RESIDENT:
             self._release(episode, env)  # its files kept outside; prepared again when needed

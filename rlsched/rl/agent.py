@@ -7,7 +7,8 @@ An episode is a loop of turns:
 2. parse    - Hermes-style `<tool_call>` blocks (`rlsched.serve.tools`). A reply that opens a call
    but does not parse is answered with an error observation saying why; a reply with no call is the
    final answer;
-3. execute  - each call runs in the episode's environments (`environments`), in order. A hang, a
+3. execute  - each call runs in the episode's environments (`environments`): calls to different kinds
+   at once, each kind's in order, the observations in the reply's order. A hang, a
    crash, an unknown tool or bad arguments come back as error observations, and the episode goes on.
    When each environment is prepared and released is the environment core's to say
    (`rlsched.core.envs`, the rules the simulator and the Ray driver follow): under `resident` at the
@@ -42,11 +43,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from statistics import mean
 from typing import Any
 
 from environments.protocol import EnvironmentFault, Observation, ToolSpec
 from environments.sandboxed import SandboxedTools, ToolEnvironments
+from rlsched.config import JobConfig
 from rlsched.config_agent import AgentConfig, ToolConfig
 from rlsched.core import envs as ec
 from rlsched.core.envs import EnvPolicy
@@ -61,12 +64,14 @@ from rlsched.engine.protocol import (
 from rlsched.errors import UserError
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.environments import Capacity
-from rlsched.rl.episodes import episode_batch
-from rlsched.rl.requests import request_seed
+from rlsched.rl.episodes import EpisodeBatch, episode_batch
+from rlsched.rl.requests import request_seed, run_seed_for_requests
 from rlsched.rl.task import TaskProblem
 from rlsched.rl.update import TrainItem
 from rlsched.serve.episodes import EndReason, Episode, Turn, continue_prompt
 from rlsched.serve.tools import OPEN, ParsedCall, malformed, parse_hermes
+from rlsched.store.round_journal import RoundJournal, Saved
+from verifiers.sandbox import sweep_orphans
 from verifiers.sandbox_types import SandboxPolicy
 
 UNLIMITED = Capacity(cores=1e9, slots=1e9, memory_gib=1e9)
@@ -90,7 +95,7 @@ class EpisodeRun:
 
     episode: Episode
     problem: TaskProblem
-    env: ToolEnvironments
+    env: ToolEnvironments  # closed with the episode (what it used stays countable)
     messages: list[dict[str, Any]]
     first_prompt: int  # tokens of the first prompt
     started: float
@@ -104,6 +109,40 @@ class EpisodeRun:
     tool_s: float = 0.0
     cached_tokens: int = 0
     fault: str | None = None  # the environment failed past its retries: not scored, not trained
+    open_calls: list[ParsedCall] | None = None  # the calls of the round under way (its reply is in)
+    done: dict[str, Observation] = field(default_factory=dict)  # those a journal says ran already
+
+    def state(self, now: float) -> dict[str, Any]:
+        """What the round journal keeps of it (`rlsched.store.round_journal`)."""
+        calls = None if self.open_calls is None else [[c.id, c.name, c.arguments] for c in self.open_calls]
+        return {
+            "episode": self.episode.as_json(),
+            "messages": self.messages,
+            "first_prompt": self.first_prompt,
+            "elapsed_s": now - self.started,
+            "next_ids": self.next_ids,
+            "extends": self.extends,
+            "diverged_at": self.diverged_at,
+            "answer": self.answer,
+            "counts": [self.tool_calls, self.tool_errors, self.malformed, self.tool_s, self.cached_tokens],
+            "fault": self.fault,
+            "open_calls": calls,
+        }
+
+    @classmethod
+    def resumed(cls, saved: Saved, problem: TaskProblem, env: ToolEnvironments, now: float) -> EpisodeRun:
+        """The episode where its journal left it: the calls of its open round that ran are in `done`."""
+        s = saved.state
+        run = cls(
+            Episode.from_json(s["episode"]), problem, env, s["messages"], s["first_prompt"],
+            now - s["elapsed_s"], s["next_ids"], s["extends"], s["diverged_at"], s["answer"],
+        )  # fmt: skip
+        run.tool_calls, run.tool_errors, run.malformed, run.tool_s, run.cached_tokens = s["counts"]
+        run.fault = s["fault"]
+        if s["open_calls"] is not None:
+            run.open_calls = [ParsedCall(*c) for c in s["open_calls"]]
+        run.done = {i: Observation(**o) for i, o in saved.calls.items()}
+        return run
 
     @property
     def live(self) -> bool:
@@ -192,11 +231,16 @@ class AgentRollout:
         run_seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         policy: EnvPolicy = EnvPolicy.RESIDENT,
+        journal: RoundJournal | None = None,
     ) -> None:
+        """`journal`: each round committed there, and an episode found there resumed from its last
+        committed round (None: episodes start afresh and nothing is kept)."""
         self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
+        self.journal = journal
         self.params, self.limits, self.env_retries = params, limits, env_retries
         self.run_seed, self.clock = run_seed, clock
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tools")
+        self.lanes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tool-lanes")  # a turn's kinds
         # when each environment is prepared and released: the environment core's rules, as on Ray and
         # in the simulator (no admission limit here: the batch is what runs)
         types = {kind: ec.EnvType(memory_gib=0.0, prepare_s=0.0) for kind in make_env().kinds}
@@ -204,29 +248,45 @@ class AgentRollout:
         self._core_lock = threading.Lock()
         self._kind_of_env: dict[str, str] = {}
         self._t0 = clock()
+        self.swept = len(sweep_orphans())  # sandboxes a process killed before this one left here
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.lanes.shutdown(wait=True)
 
     # -- an episode's start and end ------------------------------------------------------------
 
     def _start(self, episode_id: str, group_id: str, problem: TaskProblem) -> EpisodeRun:
         env = self.make_env()
         messages = [m.model_dump() for m in problem.messages()]
-        text = render(self.tokenizer, messages, env.tools)
-        ids, _, _ = continue_prompt(None, text, self.tokenizer)
-        run = EpisodeRun(
-            Episode(episode_id, group_id, time.time()), problem, env, messages, len(ids), self.clock()
-        )
-        run.next_ids = ids
-        run.episode.reference = problem.answer
         env.reset(messages[-1]["content"])  # armed with the task; prepared as the core says
+        saved = self.journal.load(episode_id) if self.journal is not None else None
+        if saved is not None:  # where its journal left it, its environments' files restored
+            run = EpisodeRun.resumed(saved, problem, env, self.clock())
+            for kind, archive in saved.files.items():
+                env.restore(kind, archive)
+            if not run.live:
+                env.close()
+                return run
+        else:
+            text = render(self.tokenizer, messages, env.tools)
+            ids, _, _ = continue_prompt(None, text, self.tokenizer)
+            episode = Episode(episode_id, group_id, time.time())
+            run = EpisodeRun(episode, problem, env, messages, len(ids), self.clock(), next_ids=ids)
+            run.episode.reference = problem.answer
         self._realize(run, self._feed(ec.Arrived(self._now(), episode_id, env.kinds)))
         return run
 
-    def _end(self, run: EpisodeRun, why: EndReason) -> None:
+    def _commit(self, run: EpisodeRun, round_closed: bool = False) -> None:
+        if self.journal is not None:
+            self.journal.state(run.episode.id, run.state(self.clock()), round_closed)
+
+    def _end(self, run: EpisodeRun, why: EndReason, commit: bool = True) -> None:
         if run.episode.ended is None:
             run.episode.ended, run.episode.ended_at = why, time.time()
+            run.open_calls = None
+            if commit:
+                self._commit(run)
             with self._core_lock:
                 admitted = run.episode.id in self.core.episodes
             if admitted:  # its environments released (all destroyed by `close` below)
@@ -248,9 +308,9 @@ class AgentRollout:
                     self._kind_of_env[e.env] = e.tool
             return effects
 
-    def _realize(self, run: EpisodeRun, effects: list[ec.Effect]) -> bool:
+    def _realize(self, run: EpisodeRun, effects: list[ec.Effect], kind: str | None = None) -> bool:
         """Do what the core said for this episode: prepare (faults retried), release. Whether a
-        `RunTool` for it came (its call may run now)."""
+        `RunTool` for its call to `kind` came (that call may run now)."""
         runs = False
         pending = list(effects)
         while pending:
@@ -258,8 +318,7 @@ class AgentRollout:
             if isinstance(effect, ec.Pend):
                 raise RuntimeError(f"episode {effect.episode} was not admitted: {effect.reason}")
             if isinstance(effect, ec.Prepare):
-                kind = effect.tool
-                if self._with_retries(run, partial(_prepared, run.env, kind)) is None:
+                if self._with_retries(run, partial(_prepared, run.env, effect.tool)) is None:
                     return False  # the environment failed past its retries: the episode ended
                 pending += self._feed(ec.Prepared(self._now(), effect.env))
             elif isinstance(effect, ec.Release):
@@ -267,7 +326,7 @@ class AgentRollout:
             elif isinstance(effect, ec.Cancel):
                 self._kind_of_env.pop(effect.env, None)
             elif isinstance(effect, ec.RunTool):
-                runs = True
+                runs = runs or self._kind_of_env.get(effect.env) == kind
         return runs
 
     def _with_retries(self, run: EpisodeRun, act: Callable[[], Any]) -> Any:
@@ -289,24 +348,29 @@ class AgentRollout:
         group_size: int,
         prefix: str,
         params: SamplingParams | None = None,
+        indices: Sequence[int] | None = None,
     ) -> list[EpisodeRun]:
-        """Every episode to its end: ids `PREFIX-PROBLEM-MEMBER`, grouped by `PREFIX-PROBLEM`
-        (`params`: other sampling knobs than the rollout's, e.g. greedy for an evaluation)."""
+        """Every episode to its end: ids `PREFIX-PROBLEM-MEMBER`, grouped by `PREFIX-PROBLEM`, where
+        PROBLEM is the problem's place in `problems` or its entry in `indices` (a share of a batch).
+        `params`: other sampling knobs than the rollout's, e.g. greedy for an evaluation, which is not
+        journaled."""
         if params is not None:
             other = copy.copy(self)  # the same engine, environments and thread pool
-            other.params = params
-            return other.run(problems, group_size, prefix)
+            other.params, other.journal = params, None
+            return other.run(problems, group_size, prefix, indices=indices)
+        places = list(indices) if indices is not None else list(range(len(problems)))
         runs = [
             self._start(f"{prefix}-{i}-{k}", f"{prefix}-{i}", p)
-            for i, p in enumerate(problems)
+            for i, p in zip(places, problems, strict=True)
             for k in range(group_size)
         ]
         try:
+            self._finish_rounds([r for r in runs if r.live and r.open_calls is not None])  # resumed
             while live := [r for r in runs if r.live]:
                 self._round(live)
         finally:
-            for r in runs:
-                self._end(r, EndReason.WALL_TIME)  # only one still open (an exception) is ended here
+            for r in runs:  # only one still open (an exception) is ended here, its journal left as it is
+                self._end(r, EndReason.WALL_TIME, commit=False)
         return runs
 
     def _limit(self, run: EpisodeRun) -> EndReason | None:
@@ -349,6 +413,13 @@ class AgentRollout:
             calls = self._record(run, sample, submitted)
             if calls is not None:
                 pending.append((run, self.pool.submit(self._execute, run, calls)))
+        self._appended(pending)
+
+    def _finish_rounds(self, runs: list[EpisodeRun]) -> None:
+        """Resumed episodes whose round was under way: its calls that did not run, then the append."""
+        self._appended([(r, self.pool.submit(self._execute, r, r.open_calls or [])) for r in runs])
+
+    def _appended(self, pending: list[tuple[EpisodeRun, Future[list[Observation] | None]]]) -> None:
         for run, future in pending:
             observations = future.result()
             if observations is not None and run.live:
@@ -391,36 +462,69 @@ class AgentRollout:
         run.messages.append({"role": "assistant", "content": sample.text})
         if reply is None:
             run.malformed += 1
-            return [ParsedCall("malformed", "", "")]
-        return list(reply.calls)
+            calls = [ParsedCall("malformed", "", "")]
+        else:  # ids of its own, so that a resumed round knows which calls ran
+            turn = f"{run.episode.id}.t{run.turns - 1}"
+            calls = [dataclasses.replace(c, id=f"{turn}.c{k}") for k, c in enumerate(reply.calls)]
+        run.open_calls = calls
+        self._commit(run)  # the round is open: its reply is kept, its calls are named
+        return calls
 
     def _execute(self, run: EpisodeRun, calls: list[ParsedCall]) -> list[Observation] | None:
-        """The calls' observations, in order; None where the environment failed past its retries."""
-        out = []
-        for call in calls:
+        """The calls' observations, in the reply's order; None where the environment failed past its
+        retries. Calls to different kinds of environment run at once, each kind's in order (one
+        environment runs one call at a time); a call its journal says ran is not run again."""
+        out: dict[int, Observation] = {}
+        lanes: dict[str, list[tuple[int, ParsedCall]]] = {}
+        for k, call in enumerate(calls):
+            kind = run.env.kind_of(call.name)
             if call.id == "malformed":
                 why = malformed(run.answer) or "it does not parse"
-                out.append(Observation(call.id, f"error: your tool call could not be read: {why}", True))
-                continue
+                out[k] = Observation(call.id, f"error: your tool call could not be read: {why}", True)
+            elif call.id in run.done:
+                out[k] = run.done[call.id]
+            elif kind is None:
+                out[k] = run.env.step(call)  # an unknown tool: an error observation, no environment
+            else:
+                lanes.setdefault(kind, []).append((k, call))
+        if len(lanes) > 1:
+            done = [f.result() for f in [self.lanes.submit(self._lane, run, c) for c in lanes.values()]]
+        else:
+            done = [self._lane(run, c) for c in lanes.values()]
+        if any(d is None for d in done):
+            return None
+        out |= {k: o for d in done if d is not None for k, o in d}
+        for k, call in enumerate(calls):
+            if call.id != "malformed":
+                run.tool_calls += 1
+                run.tool_errors += out[k].error
+                run.tool_s += out[k].seconds
+        return [out[k] for k in range(len(calls))]
+
+    def _lane(
+        self, run: EpisodeRun, calls: list[tuple[int, ParsedCall]]
+    ) -> list[tuple[int, Observation]] | None:
+        """One kind's calls, in order."""
+        out = []
+        for k, call in calls:
             observation = self._call(run, call)
             if observation is None:
                 return None
-            run.tool_calls += 1
-            run.tool_errors += observation.error
-            run.tool_s += observation.seconds
-            out.append(observation)
+            out.append((k, observation))
         return out
 
     def _call(self, run: EpisodeRun, call: ParsedCall) -> Observation | None:
         """One tool call in its kind's environment, prepared and released as the core says."""
         kind = run.env.kind_of(call.name)
-        if kind is None:
-            return run.env.step(call)  # an unknown tool: an error observation, no environment involved
-        if not self._realize(run, self._feed(ec.ToolCalled(self._now(), run.episode.id, kind))):
+        assert kind is not None
+        if not self._realize(run, self._feed(ec.ToolCalled(self._now(), run.episode.id, kind)), kind):
             return None
         observation: Observation | None = self._with_retries(run, partial(run.env.step, call))
         if observation is not None:
-            self._realize(run, self._feed(ec.ToolDone(self._now(), run.episode.id)))
+            if self.journal is not None:  # done: kept with its environment's files before any release
+                body = dataclasses.asdict(observation)
+                self.journal.call(run.episode.id, call.id, body, kind, run.env.files(kind))
+            self._realize(run, self._feed(ec.ToolDone(self._now(), run.episode.id, kind)))
         return observation
 
     def _append(self, run: EpisodeRun, observations: list[Observation]) -> None:
@@ -428,6 +532,47 @@ class AgentRollout:
             run.messages.append({"role": "tool", "content": o.text, "tool_call_id": o.call_id})
         text = render(self.tokenizer, run.messages, run.env.tools)
         run.next_ids, run.extends, run.diverged_at = continue_prompt(run.episode, text, self.tokenizer)
+        run.open_calls, run.done = None, {}
+        self._commit(run, round_closed=True)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What a process needs to run a job's episodes on its own engine (a Ray rollout instance): the
+    `agent` section, the sampling knobs, the sandbox, where rounds are journaled, the run's seed and
+    the tools' chat template's text."""
+
+    agent: AgentConfig
+    params: SamplingParams
+    sandbox: SandboxPolicy | None = None
+    journal: str | None = None
+    run_seed: int | None = None
+    chat_template: str | None = None
+
+    def rollout(self, engine: RolloutEngine, tokenizer: Tokenizer) -> AgentRollout:
+        if self.chat_template is not None:
+            tokenizer.hf.chat_template = self.chat_template
+        make_env = environment_factory(self.agent, self.sandbox)
+        check_renders_tools(tokenizer, make_env().tools)
+        journal = RoundJournal(Path(self.journal)) if self.journal is not None else None
+        a = self.agent
+        return AgentRollout(
+            engine, tokenizer, make_env, self.params, AgentLimits.of(a), a.env_retries, self.run_seed,
+            policy=a.policy, journal=journal,
+        )  # fmt: skip
+
+
+def spec_of(cfg: JobConfig, params: SamplingParams, journal: Path | None = None) -> AgentSpec:
+    """The job's `AgentSpec` (its tools' chat template read now: a missing file is bad input)."""
+    agent, template = cfg.agent, None
+    if agent.chat_template is not None:
+        if not agent.chat_template.is_file():
+            raise UserError(f"agent.chat_template {agent.chat_template} does not exist; fix the path")
+        template = agent.chat_template.read_text()
+    return AgentSpec(
+        agent, params, cfg.verifier.sandbox.policy(), None if journal is None else str(journal),
+        run_seed_for_requests(cfg), template,
+    )  # fmt: skip
 
 
 # -- scoring and the batch ----------------------------------------------------------------------
@@ -462,11 +607,15 @@ def stats(runs: Sequence[EpisodeRun]) -> AgentStats:
     )
 
 
-def train_items(runs: Sequence[EpisodeRun], train_truncated: bool) -> list[TrainItem]:
-    """The scored episodes as train items (faults left out, and truncated ones unless trained on)."""
+def train_batch(runs: Sequence[EpisodeRun], train_truncated: bool) -> EpisodeBatch:
+    """The scored episodes as a batch (faults left out, and truncated ones unless trained on)."""
     usable = [
         r.episode
         for r in runs
         if r.fault is None and r.episode.reward is not None and (train_truncated or not r.truncated)
     ]
-    return episode_batch(usable, keep_mixed=True).items
+    return episode_batch(usable, keep_mixed=True)
+
+
+def train_items(runs: Sequence[EpisodeRun], train_truncated: bool) -> list[TrainItem]:
+    return train_batch(runs, train_truncated).items

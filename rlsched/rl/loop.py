@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from rlsched.config import JobConfig
+from rlsched.config_agent import PREFIX_CACHE_BLOCKS
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
-from rlsched.errors import UserError
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
 from rlsched.rl import agent as ag
@@ -42,8 +42,6 @@ from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_
 from rlsched.rl.update import TrainItem, TrainOptions, minibatches, prepare_policy, update_batch
 from verifiers.loading import VerifierSet
 from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, Verifier, VerifyRequest
-
-AGENT_PREFIX_BLOCKS = 512  # prefix-cache blocks (16 tokens) for multi-turn jobs: turns extend the last
 
 
 @dataclass
@@ -101,7 +99,7 @@ class GRPOLoop:
             max_batch=cfg.engine.max_batch,
             use_cache=cfg.engine.use_cache,
             seed=cfg.run.seed,
-            prefix_cache_blocks=AGENT_PREFIX_BLOCKS if cfg.agent.enabled else 0,
+            prefix_cache_blocks=PREFIX_CACHE_BLOCKS if cfg.agent.enabled else 0,
         )
         self.engine.load_weights(to_bf16_bytes(self.policy), WeightVersion(0))  # the published BF16 values
         self.template = self.ckpt.template
@@ -128,17 +126,7 @@ class GRPOLoop:
 
     def _agent_rollout(self) -> ag.AgentRollout:
         """Multi-turn episodes with the job's tools (`rlsched.rl.agent`)."""
-        agent, tok = self.cfg.agent, self.ckpt.tokenizer
-        if agent.chat_template is not None:
-            if not agent.chat_template.is_file():
-                raise UserError(f"agent.chat_template {agent.chat_template} does not exist")
-            tok.hf.chat_template = agent.chat_template.read_text()
-        make_env = ag.environment_factory(agent, self.cfg.verifier.sandbox.policy())
-        ag.check_renders_tools(tok, make_env().tools)
-        return ag.AgentRollout(
-            self.engine, tok, make_env, self.sampling, ag.AgentLimits.of(agent), agent.env_retries,
-            run_seed_for_requests(self.cfg), policy=agent.policy,
-        )  # fmt: skip
+        return ag.spec_of(self.cfg, self.sampling).rollout(self.engine, self.ckpt.tokenizer)
 
     def close(self) -> None:
         """Release what the loop holds outside the model: the multi-turn rollout's tool threads."""

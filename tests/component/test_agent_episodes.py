@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
+import json
 import random
+import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,8 @@ from rlsched.rl.task import JsonlProblem
 from rlsched.rl.tool_warmup import episode_tokens, teacher_episode
 from rlsched.rl.word_problems import LEVELS, draw_problem
 from rlsched.serve.episodes import EndReason, Episode, training_sequence
+from rlsched.serve.tools import ParsedCall
+from rlsched.store.round_journal import RoundJournal
 
 pytestmark = pytest.mark.slow
 
@@ -59,13 +65,17 @@ class Model:
     def __init__(self, tokenizer: Any, model: Any, problems: list[JsonlProblem]) -> None:
         self.tokenizer, self.model, self.problems = tokenizer, model, problems
 
-    def rollout(self, cfg: AgentConfig, max_tokens: int = 48, retries: int = 2) -> ag.AgentRollout:
+    def rollout(
+        self, cfg: AgentConfig, max_tokens: int = 48, retries: int = 2, journal: RoundJournal | None = None
+    ) -> ag.AgentRollout:
         engine = TorchRolloutEngine(copy.deepcopy(self.model), self.tokenizer, prefix_cache_blocks=64)
         end = self.tokenizer.id_of("<|im_end|>")
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=(end,))
         make = ag.environment_factory(cfg)
         limits = ag.AgentLimits.of(cfg)
-        return ag.AgentRollout(engine, self.tokenizer, make, params, limits, retries, policy=cfg.policy)
+        return ag.AgentRollout(
+            engine, self.tokenizer, make, params, limits, retries, policy=cfg.policy, journal=journal
+        )
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +203,88 @@ def test_an_environment_that_cannot_be_prepared_is_retried_then_a_fault(
     assert len(attempts) == 3 and run.turns == 0
     assert ag.train_items([run], train_truncated=True) == []  # not a zero reward: not trained at all
     assert dataclasses.asdict(ag.stats([run]))["faults"] == 1
+
+
+# a calculator that keeps a line per run in its work directory: the files say how often it ran
+COUNTING = CALCULATOR + "\nwith open('runs.txt', 'a') as f:\n    f.write('ran\\n')\n"
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class CrashAfterCall(RoundJournal):
+    """The journal of a process that dies just after its first tool call is committed."""
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        super().call(*args, **kwargs)
+        raise Crash("the process died here")
+
+
+def runs_in(archive: bytes) -> int:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.extractfile("runs.txt")
+        assert member is not None
+        return member.read().decode().count("ran")
+
+
+@pytest.mark.parametrize("policy", ["resident", "rebuild"])
+def test_a_crashed_episode_resumes_from_its_journal_without_running_a_call_twice(
+    trained: Model, tmp_path: Path, policy: str
+) -> None:
+    cfg = agent_cfg(COUNTING, policy=policy)
+    crashing = CrashAfterCall(tmp_path / "rounds.sqlite")
+    with pytest.raises(Crash):
+        trained.rollout(cfg, journal=crashing).run(trained.problems[:1], 1, "7")
+    crashing.close()
+    journal = RoundJournal(tmp_path / "rounds.sqlite")
+    saved = journal.load("7-0-0")
+    assert saved is not None and saved.state["open_calls"] is not None  # the round was under way
+    assert list(saved.calls) == ["7-0-0.t0.c0"] and runs_in(saved.files["default"]) == 1
+
+    (run,) = trained.rollout(cfg, journal=journal).run(trained.problems[:1], 1, "7")
+    assert run.episode.ended is EndReason.FINAL_ANSWER and run.tool_calls == 1 and run.turns == 2
+    assert f"\\boxed{{{trained.problems[0].answer}}}" in run.answer
+    assert list(run.episode.turns[0].token_ids) == list(saved.state["episode"]["turns"][0]["token_ids"])
+    after = journal.load("7-0-0")
+    assert after is not None and after.state["episode"]["ended"] == str(EndReason.FINAL_ANSWER)
+    assert runs_in(after.files["default"]) == 1  # the call ran once, before the crash
+
+    (again,) = trained.rollout(cfg, journal=journal).run(trained.problems[:1], 1, "7")
+    assert again.episode.as_json() == run.episode.as_json()  # an ended episode is given back, not rerun
+    journal.forget_before(7)
+    assert journal.episodes() == ["7-0-0"]
+    journal.forget_before(8)
+    assert journal.load("7-0-0") is None and journal.episodes() == []
+
+
+def test_a_turn_s_calls_to_two_environments_run_at_once_and_come_back_in_order(trained: Model) -> None:
+    """Three calls in one reply, two to kind `a` and one to kind `b`, each a 1 s sleep: `a`'s run in
+    order in its one environment while `b`'s runs beside them (2 s, not 3), observations in the
+    reply's order. (The warmed-up model writes one call a turn, so the reply's calls are given.)"""
+    sleep = "import time\ntime.sleep(1)\nprint(args['x'])"
+    tool = {"description": "sleep, then say x", "program": sleep, "timeout_s": 5}
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+    cfg = AgentConfig.model_validate(
+        {
+            "tools": [
+                tool | {"name": "slow_a", "environment": "a", "parameters": schema},
+                tool | {"name": "slow_b", "environment": "b", "parameters": schema},
+            ],
+            "environments": {"a": {}, "b": {}},
+        }
+    )
+    rollout = trained.rollout(cfg)
+    run = rollout._start("par-0-0", "par-0", trained.problems[0])
+    calls = [
+        ParsedCall(f"c{k}", name, json.dumps({"x": str(k)}))
+        for k, name in enumerate(["slow_a", "slow_b", "slow_a"])
+    ]
+    started = time.monotonic()
+    observations = rollout._execute(run, calls)
+    took = time.monotonic() - started
+    assert observations is not None and [o.text for o in observations] == ["0", "1", "2"]
+    assert 2.0 <= took < 2.8, took  # kind a's two calls in order, kind b's beside them
+    assert run.tool_calls == 3 and run.tool_errors == 0
+    rollout._end(run, EndReason.FINAL_ANSWER)
+    rollout.close()

@@ -521,3 +521,29 @@ def test_bad_limits_are_refused() -> None:
 def test_results_are_json() -> None:
     result = run_sandboxed("print(1)", LIMITS, SandboxPolicy(Isolation.BEST_EFFORT))
     assert json.loads(json.dumps(result.to_json()))["outcome"] == "ok"
+
+
+def test_a_killed_process_s_sandbox_directories_are_swept_and_live_ones_kept() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from verifiers.sandbox import sweep_orphans
+
+    code = (
+        "import os, signal\n"
+        "from verifiers.sandbox import Sandbox\n"
+        "box = Sandbox.create(persistent=True, work_mb=8)\n"
+        "(box.work / 'kept.txt').write_text('x')\n"
+        "print(box.host_dir, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    orphan = Path(proc.stdout.strip())
+    assert (orphan / "work" / "kept.txt").exists()  # the kill left it
+    with Sandbox.create(persistent=True, work_mb=8) as live:
+        removed = sweep_orphans()
+        assert orphan in removed and not orphan.exists()
+        assert live.host_dir not in removed and live.host_dir.exists()

@@ -70,12 +70,19 @@ def test_the_agent_section_is_checked_when_the_job_is_loaded() -> None:
             JobConfig.model_validate({"agent": agent})
 
 
-def test_the_ray_runtime_refuses_a_multi_turn_job_with_the_fix(tmp_path: Path) -> None:
+def test_the_ray_runtime_refuses_what_a_multi_turn_job_cannot_run_with_the_fix(tmp_path: Path) -> None:
     from actors.job import preflight
 
-    cfg = JobConfig.model_validate({"agent": {"tools": [CALC]}})
-    with pytest.raises(UserError, match="--local"):
-        preflight(cfg, tmp_path)
+    cases = [
+        ({"schedule": {"mode": "async"}, "rollout": {"max_staleness": 1}}, "run in schedule.mode sync"),
+        ({"rollout": {"endpoint": {"enabled": True}}}, "set rollout.endpoint.enabled false"),
+        ({}, "needs a chat template that describes the tools"),  # the toy base's template has none
+        ({"agent": {"tools": [CALC], "chat_template": "nope.jinja"}}, "nope.jinja does not exist"),
+    ]
+    for extra, why in cases:
+        cfg = JobConfig.model_validate({"agent": {"tools": [CALC]}} | extra)
+        with pytest.raises(UserError, match=why):
+            preflight(cfg, tmp_path)
 
 
 def test_a_tools_program_that_is_missing_or_not_python_is_refused_before_any_episode(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 from rlsched.core import envs as ec
 from rlsched.core.envs import EnvParams, EnvPolicy, EnvType
 from rlsched.policy.environments import Capacity
+from rlsched.policy.lifecycle import EnvState
 from rlsched.sim.envs import EpisodeSpec, simulate_envs
 
 ONE = {"tool": EnvType(memory_gib=2, prepare_s=2)}
@@ -147,3 +148,37 @@ def test_an_episode_that_ends_while_its_preparation_waits_for_memory_leaves_no_t
     core.handle(ec.Prepared(3, env))
     assert [type(x) for x in core.handle(ec.ToolDone(4, "a"))] == [ec.Release]  # and nothing for b
     assert core.envs == {} and core.memory.held_gib() == 0
+
+
+def test_a_turn_s_calls_to_two_kinds_run_at_once_each_in_its_own_environment() -> None:
+    core = ec.EnvCore(EnvParams(EnvPolicy.RESIDENT, TWO, UNBOUNDED))
+    assert core.handle(ec.Arrived(0.0, "e", ("calc", "lookup"))) == [
+        ec.Prepare("env-1", "calc"),
+        ec.Prepare("env-2", "lookup"),
+        ec.Admit("e"),
+    ]
+    core.handle(ec.Prepared(2.0, "env-1"))
+    core.handle(ec.Prepared(2.0, "env-2"))
+    assert core.handle(ec.ToolCalled(9.0, "e", "calc")) == [ec.RunTool("e", "env-1", 0.0)]
+    assert core.handle(ec.ToolCalled(9.0, "e", "lookup")) == [ec.RunTool("e", "env-2", 0.0)]  # at once
+    with pytest.raises(ValueError, match="runs one call at a time"):
+        core.handle(ec.ToolCalled(9.0, "e", "calc"))  # its environment still runs the first
+    assert core.handle(ec.ToolDone(9.5, "e", "lookup")) == []
+    assert core.envs["env-1"].state is EnvState.BUSY and core.envs["env-2"].state is EnvState.IDLE
+    assert core.handle(ec.ToolDone(10.0, "e", "calc")) == []
+    assert core.handle(ec.ToolCalled(10.0, "e", "calc")) == [ec.RunTool("e", "env-1", 0.0)]  # then the next
+
+    rebuild = ec.EnvCore(EnvParams(EnvPolicy.REBUILD, TWO, UNBOUNDED))
+    rebuild.handle(ec.Arrived(0.0, "e", ("calc", "lookup")))
+    assert rebuild.handle(ec.ToolCalled(9.0, "e", "calc")) == [ec.Prepare("env-1", "calc")]
+    assert rebuild.handle(ec.ToolCalled(9.0, "e", "lookup")) == [ec.Prepare("env-2", "lookup")]
+    assert rebuild.handle(ec.Prepared(11.0, "env-2")) == [ec.RunTool("e", "env-2", 2.0)]
+    assert rebuild.handle(ec.Prepared(11.0, "env-1")) == [ec.RunTool("e", "env-1", 2.0)]
+    assert rebuild.handle(ec.ToolDone(12.0, "e", "calc")) == [ec.Release("env-1")]  # lookup runs on
+    assert rebuild.handle(ec.ToolDone(12.5, "e", "lookup")) == [ec.Release("env-2")]
+
+    prewarm = ec.EnvCore(EnvParams(EnvPolicy.PREWARM, TWO, UNBOUNDED))
+    prewarm.handle(ec.Arrived(0.0, "e", ("calc", "lookup")))
+    prewarm.handle(ec.ToolCalled(9.0, "e", "calc"))
+    out = prewarm.handle(ec.ToolCalled(9.0, "e", "lookup"))  # not a wrong prediction: calc stays
+    assert out == [ec.Prepare("env-2", "lookup")] and prewarm.counts.misses == 0

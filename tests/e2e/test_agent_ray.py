@@ -1,0 +1,129 @@
+"""A multi-turn job on Ray, as a user runs it (`rlsched run configs/jobs/agent_calc.yaml`): SmolLM2
+after the tool-call warm-up, two rollout instances each running a share of the episodes with the
+calculator sandboxed beside it, every round journaled in the run's `rounds.sqlite`.
+
+One rollout instance is killed with SIGKILL while its episodes are under way. Its groups go to an
+instance that serves, where each episode resumes from its last committed round: the iteration commits
+with every episode, and the calculator (which keeps a line per run in its work directory) ran exactly
+once per call the episodes made. Nothing of any environment is left on the machine afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlsched.chaos import TITLES, Fault, processes
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+COUNTING = (ROOT / "configs" / "tools" / "calculator.py").read_text() + (
+    "\nwith open('runs.txt', 'a') as f:\n    f.write('ran\\n')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def calc_model(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 after the 14-step tool-call warm-up: `models/smollm2-calc` when `make
+    model-smollm2-calc` wrote it, else warmed up now (about a minute)."""
+    made = ROOT / "models" / "smollm2-calc"
+    if (made / "warm_up.json").is_file():
+        return made
+    out = tmp_path_factory.mktemp("calc") / "smollm2-calc"
+    command = [sys.executable, "scripts/warm_up_tools.py", "--checkpoint", str(smollm2_dir), "--eval", "0"]
+    subprocess.run([*command, "--out", str(out)], check=True, cwd=ROOT, timeout=900, capture_output=True)
+    return out
+
+
+def job_file(tmp_path: Path, model: Path) -> Path:
+    cfg = yaml.safe_load((ROOT / "configs" / "jobs" / "agent_calc.yaml").read_text())
+    program = tmp_path / "counting_calculator.py"
+    program.write_text(COUNTING)
+    cfg["model"]["checkpoint"] = str(model)
+    cfg["agent"]["chat_template"] = str(ROOT / cfg["agent"]["chat_template"])
+    cfg["agent"]["tools"][0]["program_file"] = str(program)
+    cfg["task"] |= {"eval_size": 16}
+    cfg["grpo"] |= {"steps": 1, "prompts_per_step": 4, "group_size": 2, "time_budget_s": 900}
+    cfg["eval"] = {"every_steps": 100, "curve_size": 16}
+    cfg["rollout"] = {"instances": 2}
+    path = tmp_path / "agent_job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def call_rows(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    try:
+        with sqlite3.connect(journal, timeout=5) as db:
+            return int(db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def runs_in(archive: bytes) -> int:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.extractfile("runs.txt")
+        return 0 if member is None else member.read().decode().count("ran")
+
+
+def test_a_killed_instance_s_episodes_resume_elsewhere_without_running_a_tool_twice(
+    calc_model: Path, tmp_path: Path
+) -> None:
+    sandboxes = set(Path(tempfile.gettempdir()).glob("rlsched-sandbox-*"))
+    out = tmp_path / "run"
+    job = job_file(tmp_path, calc_model)
+    command = [sys.executable, "-m", "rlsched.cli", "run", str(job), "--out", str(out)]
+    log = (tmp_path / "stdout.txt").open("w")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while call_rows(out / "rounds.sqlite") == 0:  # a round is under way in iteration 1
+            assert proc.poll() is None, (tmp_path / "stdout.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no tool call was journaled within 600 s"
+            time.sleep(0.2)
+        victims = processes(TITLES[Fault.ROLLOUT_INSTANCE])
+        assert victims, "no rollout instance process to kill"
+        os.kill(victims[0], signal.SIGKILL)
+        assert proc.wait(timeout=900) == 0, (tmp_path / "stdout.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:  # stopped as a user would, so that its embedded cluster goes with it
+            proc.terminate()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
+    stdout = (tmp_path / "stdout.txt").read_text()
+    assert "died running" in stdout and "resuming from its last committed round" in stdout
+    (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["iteration"] == 1 and row["samples"] == 8  # every episode, once
+    episodes = row["extra"]["episodes"]
+    assert episodes["episodes"] == 8 and episodes["handed_again"] >= 1
+
+    with sqlite3.connect(out / "rounds.sqlite") as db:
+        states = dict(db.execute("SELECT episode, body FROM states").fetchall())
+        files = {e: bytes(a) for e, a in db.execute("SELECT episode, archive FROM files").fetchall()}
+    assert len(states) == 8
+    calls = 0
+    for episode, body in states.items():
+        state = json.loads(body)
+        made = state["counts"][0]  # tool calls the episode made
+        assert state["episode"]["ended"] is not None
+        assert runs_in(files[episode]) == made if made else episode not in files
+        calls += made
+    assert calls > 0
+    assert set(Path(tempfile.gettempdir()).glob("rlsched-sandbox-*")) <= sandboxes
