@@ -28,8 +28,9 @@ from actors.records import IterationRecord, generate_attrs, record_of
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, SamplingParams, WeightVersion
 from rlsched.metrics.spans import Span, SpanKind
-from rlsched.rl import agent as ag
-from rlsched.rl.agent import AgentSpec, EpisodeRun
+from rlsched.rl import episode_runs as er
+from rlsched.rl.agent import AgentSpec
+from rlsched.rl.episode_runs import EpisodeRun
 from rlsched.rl.evaluate import EvalResult, score
 from rlsched.rl.task import TaskProblem
 from rlsched.store.round_journal import RoundJournal
@@ -145,7 +146,7 @@ class AgentIterations:
             outcome = outcomes.get(RequestId(run.episode.id))
             run.episode.reward = outcome.reward if isinstance(outcome, Verdict) else None
         ctl.phases.take(it.Update)
-        batch = ag.train_batch(list(runs.values()), ctl.cfg.agent.train_truncated)
+        batch = er.train_batch(list(runs.values()), ctl.cfg.agent.train_truncated)
         items, trained = batch.items, set(batch.episode_ids)
         ctl.consumed = [(r, "used" if r in trained else "left_out") for r in ids]
         stats = ctl.update(iteration, items)
@@ -161,7 +162,7 @@ class AgentIterations:
                 SpanKind.ITERATION, f"iter-{iteration}", start, ctl.clock(), iteration, {"lane": "controller"}
             )
         )
-        summary = ag.stats(list(runs.values()))
+        summary = er.stats(list(runs.values()))
         self.last_stats = asdict(summary) | {"handed_again": self.episodes.handed_again}
         counts = {"faults": summary.faults, "stale_dropped": 0}
         samples = {RequestId(r.episode.id): episode_sample(r) for r in runs.values()}

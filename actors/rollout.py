@@ -49,7 +49,8 @@ from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.policy.versions import SwapKV
-from rlsched.rl.agent import AgentRollout, AgentSpec, EpisodeRun
+from rlsched.rl.agent import AgentRollout, AgentSpec
+from rlsched.rl.episode_runs import EpisodeRun
 from rlsched.rl.task import TaskProblem
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient

@@ -33,6 +33,7 @@ from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
 from rlsched.rl import agent as ag
+from rlsched.rl import episode_runs as er
 from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats
@@ -261,7 +262,7 @@ class GRPOLoop:
         generated = time.monotonic() - t
         t = time.monotonic()
         self.phases.take(it.Update)
-        items = ag.train_items(runs, self.cfg.agent.train_truncated)
+        items = er.train_items(runs, self.cfg.agent.train_truncated)
         stats = self.update(items, step) if items else LossStats(0.0, 0.0, 0.0, 1.0)
         self._feed(it.Updated(time.monotonic()))
         updated = time.monotonic() - t
@@ -273,7 +274,7 @@ class GRPOLoop:
         self._feed(it.Reloaded(time.monotonic()))
         self.phases.take(it.Committed)
         rewards = [o.reward for o in outcomes.values() if isinstance(o, Verdict)]
-        summary = ag.stats(runs)
+        summary = er.stats(runs)
         return StepRecord(
             step=step + 1,
             version=int(self.version),
@@ -289,7 +290,7 @@ class GRPOLoop:
             episodes=asdict(summary) | {"trained": len(items)},
         )
 
-    def _judge_episode(self, run: ag.EpisodeRun) -> Outcome:
+    def _judge_episode(self, run: er.EpisodeRun) -> Outcome:
         """An episode's reward: its final answer judged (a fault is not judged: it is not trained)."""
         if run.fault is not None:
             return ExecutionFault(run.episode.id, FaultKind.RESOURCES, f"environment: {run.fault}")
@@ -339,7 +340,7 @@ class GRPOLoop:
             before=before, after=after, steps=records, wall_s=time.monotonic() - start, update_s=update_s
         )
 
-    def _passes(self, run: ag.EpisodeRun) -> bool:
+    def _passes(self, run: er.EpisodeRun) -> bool:
         outcome = self.judge(run.episode.id, run.answer, run.problem)
         return isinstance(outcome, Verdict) and outcome.correct
 
@@ -350,7 +351,7 @@ class GRPOLoop:
         greedy = dataclasses.replace(self.sampling, temperature=0.0)
         runs = self.agent.run(problems, 1, "eval", params=greedy)
         passed = sum(run.fault is None and self._passes(run) for run in runs)
-        summary = ag.stats(runs)
+        summary = er.stats(runs)
         self.last_eval_episodes = asdict(summary)
         return EvalResult(passed / len(runs), passed, len(runs), passed / len(runs))
 

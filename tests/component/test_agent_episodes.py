@@ -33,6 +33,7 @@ from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import load_checkpoint
 from rlsched.model.template import Message
 from rlsched.rl import agent as ag
+from rlsched.rl import episode_runs as er
 from rlsched.rl.batching import pack, sequence_logprobs
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.task import JsonlProblem
@@ -180,8 +181,8 @@ def test_limits_end_episodes_with_typed_reasons(trained: Model) -> None:
     (run,) = trained.rollout(agent_cfg(max_wall_s=0.01)).run(one, 1, "wall")
     assert run.episode.ended is EndReason.WALL_TIME and run.turns == 1
     run.episode.reward = 0.0
-    assert ag.train_items([run], train_truncated=False) == []
-    assert len(ag.train_items([run], train_truncated=True)) == 1
+    assert er.train_items([run], train_truncated=False) == []
+    assert len(er.train_items([run], train_truncated=True)) == 1
 
 
 def test_an_environment_that_cannot_be_prepared_is_retried_then_a_fault(
@@ -201,8 +202,8 @@ def test_an_environment_that_cannot_be_prepared_is_retried_then_a_fault(
     (run,) = trained.rollout(cfg, retries=2).run(trained.problems[:1], 1, "fault")
     assert run.episode.ended is EndReason.ENV_FAULT and "setup failed" in (run.fault or "")
     assert len(attempts) == 3 and run.turns == 0
-    assert ag.train_items([run], train_truncated=True) == []  # not a zero reward: not trained at all
-    assert dataclasses.asdict(ag.stats([run]))["faults"] == 1
+    assert er.train_items([run], train_truncated=True) == []  # not a zero reward: not trained at all
+    assert dataclasses.asdict(er.stats([run]))["faults"] == 1
 
 
 # a calculator that keeps a line per run in its work directory: the files say how often it ran
