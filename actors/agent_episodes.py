@@ -34,7 +34,7 @@ from rlsched.rl.episode_runs import EpisodeRun
 from rlsched.rl.evaluate import EvalResult, score
 from rlsched.rl.task import TaskProblem
 from rlsched.store.round_journal import RoundJournal
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict
+from verifiers.protocol import Outcome, Verdict
 from verifiers.sandbox import sweep_orphans
 
 if TYPE_CHECKING:
@@ -149,19 +149,7 @@ class AgentIterations:
         batch = er.train_batch(list(runs.values()), ctl.cfg.agent.train_truncated)
         items, trained = batch.items, set(batch.episode_ids)
         ctl.consumed = [(r, "used" if r in trained else "left_out") for r in ids]
-        stats = ctl.update(iteration, items)
-        ctl._feed(it.Updated(ctl.clock()))
-        meta = ctl.publish(iteration, ctl.phases.take(it.Publish).version)
-        ctl._feed(it.VersionPublished(ctl.clock(), meta.version))
-        ctl.phases.take(it.Reload)
-        ctl.reload(meta)
-        ctl._feed(it.Reloaded(ctl.clock()))
-        version = ctl.phases.take(it.Committed).version
-        ctl.spans.append(
-            Span(
-                SpanKind.ITERATION, f"iter-{iteration}", start, ctl.clock(), iteration, {"lane": "controller"}
-            )
-        )
+        stats, version = ctl.train_and_publish(iteration, start, items)  # 4-6
         summary = er.stats(list(runs.values()))
         self.last_stats = asdict(summary) | {"handed_again": self.episodes.handed_again}
         counts = {"faults": summary.faults, "stale_dropped": 0}
@@ -206,7 +194,7 @@ class AgentIterations:
         attrs = generate_attrs("episodes", sample) | {"turns": run.turns, "tool_calls": run.tool_calls}
         ctl.spans.append(Span(SpanKind.GENERATE, rid, start, now, iteration, attrs))
         if run.fault is not None:  # judged now, by no verifier: a fault, never a zero reward
-            ctl.faulted[rid] = ExecutionFault(rid, FaultKind.RESOURCES, f"environment: {run.fault}")
+            ctl.faulted[rid] = er.fault_outcome(run)
         else:
             ctl.verification.arrived(sample, run.problem, iteration, ctl.core.batch_id)
         ctl._feed(it.SampleArrived(now, rid, min(run.episode.versions, default=ctl.version)))

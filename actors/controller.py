@@ -488,6 +488,19 @@ class JobController:
         episode_items, episode_counts = self.episodes(iteration)  # the endpoint's, if it runs
         episode_counts |= judged
         items = [*items, *episode_items]
+        stats, version = self.train_and_publish(iteration, start, items)  # 4-6
+        if bad := unjudgeable(outcomes):
+            self.log(f"iteration {iteration}: {len(bad)} sample(s) cannot be judged, e.g. {bad[0].detail}")
+        extra = self.record_extra(stats) | ({"endpoint": episode_counts} if self.endpoint is not None else {})
+        return record_of(iteration, version, samples, outcomes, len(items), counts, stats.loss, extra)  # 7
+
+    def train_and_publish(
+        self, iteration: int, start: float, items: list[TrainItem]
+    ) -> tuple[LossStats, int]:
+        """Phases 4-6 as the core asks for them: the update on `items`, the new version published and
+        reloaded by the fleet; the iteration's span closed. The update's figures and the committed
+        version (a multi-turn job's iterations end the same way, `actors.agent_episodes`)."""
+        phases = self.phases
         stats = self.update(iteration, items)  # 4
         self._feed(it.Updated(self.clock()))
         meta = self.publish(iteration, phases.take(it.Publish).version)  # 5
@@ -500,10 +513,7 @@ class JobController:
         self.spans.append(
             Span(SpanKind.ITERATION, f"iter-{iteration}", start, self.clock(), iteration, attrs)
         )
-        if bad := unjudgeable(outcomes):
-            self.log(f"iteration {iteration}: {len(bad)} sample(s) cannot be judged, e.g. {bad[0].detail}")
-        extra = self.record_extra(stats) | ({"endpoint": episode_counts} if self.endpoint is not None else {})
-        return record_of(iteration, version, samples, outcomes, len(items), counts, stats.loss, extra)  # 7
+        return stats, version
 
     def record_extra(self, stats: LossStats) -> dict[str, Any]:
         """What every iteration's record adds, in either mode: the pool's and the fleet's counts since

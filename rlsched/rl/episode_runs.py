@@ -18,6 +18,7 @@ from rlsched.rl.update import TrainItem
 from rlsched.serve.episodes import EndReason, Episode
 from rlsched.serve.tools import ParsedCall
 from rlsched.store.round_journal import Saved
+from verifiers.protocol import ExecutionFault, FaultKind
 
 LIMITS = frozenset({EndReason.MAX_TURNS, EndReason.MAX_TOKENS, EndReason.WALL_TIME, EndReason.LENGTH})
 
@@ -117,6 +118,12 @@ def stats(runs: Sequence[EpisodeRun]) -> AgentStats:
         malformed=sum(r.malformed for r in runs),
         ends=ends,
     )
+
+
+def fault_outcome(run: EpisodeRun) -> ExecutionFault:
+    """The outcome of an episode whose environment failed past its retries: a fault, judged by no
+    verifier, never a zero reward."""
+    return ExecutionFault(run.episode.id, FaultKind.RESOURCES, f"environment: {run.fault}")
 
 
 def train_batch(runs: Sequence[EpisodeRun], train_truncated: bool) -> EpisodeBatch:

@@ -42,7 +42,7 @@ from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
 from rlsched.rl.update import TrainItem, TrainOptions, minibatches, prepare_policy, update_batch
 from verifiers.loading import VerifierSet
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Verdict, Verifier, VerifyRequest
+from verifiers.protocol import Outcome, Verdict, Verifier, VerifyRequest
 
 
 @dataclass
@@ -293,7 +293,7 @@ class GRPOLoop:
     def _judge_episode(self, run: er.EpisodeRun) -> Outcome:
         """An episode's reward: its final answer judged (a fault is not judged: it is not trained)."""
         if run.fault is not None:
-            return ExecutionFault(run.episode.id, FaultKind.RESOURCES, f"environment: {run.fault}")
+            return er.fault_outcome(run)
         outcome = self.judge(run.episode.id, run.answer, run.problem)
         run.episode.reward = outcome.reward if isinstance(outcome, Verdict) else None
         return outcome
