@@ -497,9 +497,8 @@ class JobController:
     def train_and_publish(
         self, iteration: int, start: float, items: list[TrainItem]
     ) -> tuple[LossStats, int]:
-        """Phases 4-6 as the core asks for them: the update on `items`, the new version published and
-        reloaded by the fleet; the iteration's span closed. The update's figures and the committed
-        version (a multi-turn job's iterations end the same way, `actors.agent_episodes`)."""
+        """Phases 4-6 as the core asks (update, publish, reload; the span closed), for single- and
+        multi-turn iterations alike. The update's figures and the committed version."""
         phases = self.phases
         stats = self.update(iteration, items)  # 4
         self._feed(it.Updated(self.clock()))
