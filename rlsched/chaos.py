@@ -74,10 +74,26 @@ TITLES = {
 
 
 def processes(title: str) -> list[int]:
-    """Pids of the processes whose title starts with `title` (Ray names its workers `ray::Class`)."""
+    """Pids of the processes whose title starts with `title` (Ray names its workers `ray::Class`),
+    of the Ray clusters this process would start or join: where RAY_TMPDIR is set (each pytest-xdist
+    worker sets its own), only the processes that inherited the same one, so that a fault is never
+    injected into another cluster on the machine."""
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(pid) for pid, _, args in (line.strip().partition(" ") for line in out.splitlines())
-            if args.strip().startswith(title)]  # fmt: skip
+    found = [int(pid) for pid, _, args in (line.strip().partition(" ") for line in out.splitlines())
+             if args.strip().startswith(title)]  # fmt: skip
+    return [pid for pid in found if same_ray_tmpdir(pid)]
+
+
+def same_ray_tmpdir(pid: int) -> bool:
+    """Whether process `pid` runs with this process's RAY_TMPDIR (always, where none is set)."""
+    ours = os.environ.get("RAY_TMPDIR")
+    if not ours:
+        return True
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False  # gone, or not ours to read
+    return f"RAY_TMPDIR={ours}".encode() in env
 
 
 def _parent(pid: int) -> int:

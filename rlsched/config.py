@@ -257,8 +257,11 @@ class ClusterConfig(Section):
 
 
 class Precision(StrEnum):
+    """`trainer.precision`, resolved per device by `rlsched.model.precision.train_precision`."""
+
+    AUTO = "auto"  # bf16 where the device computes BF16 natively (a GPU, AVX-512 BF16 or AMX), else fp32
     FP32 = "fp32"
-    BF16 = "bf16"  # BF16 autocast over fp32 master weights (AMX on CPUs that have it, GPUs)
+    BF16 = "bf16"  # BF16 autocast over fp32 master weights, even where BF16 is emulated (with a warning)
 
 
 class TrainStrategy(StrEnum):
@@ -282,7 +285,11 @@ class TrainerConfig(Section):
         gt=0,
         description="a collective that waits longer than this for a peer fails the step, naming the rank",
     )
-    precision: Precision = Field(Precision.FP32, description="fp32, or bf16 autocast with fp32 masters")
+    precision: Precision = Field(
+        Precision.AUTO,
+        description="auto (bf16 where the device computes BF16 natively, else fp32), fp32, or bf16 "
+        "autocast with fp32 masters",
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
     micro_batch_tokens: int = Field(
         16384, ge=64, description="padded tokens per forward/backward; gradients accumulate over them"

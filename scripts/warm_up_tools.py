@@ -51,7 +51,15 @@ def main() -> int:
     if before is not None:
         print(f"before: {before} of held-out episodes right, {loop.last_eval_episodes}")
     losses = warm_up(
-        loop.policy, tok, loop.task.train, tools, end, steps=args.steps, lr=args.lr, seed=cfg.run.seed
+        loop.policy,
+        tok,
+        loop.task.train,
+        tools,
+        end,
+        steps=args.steps,
+        lr=args.lr,
+        seed=cfg.run.seed,
+        precision=cfg.trainer.precision,  # the job's own setting: auto unless the config forces one
     )
     loop.publish(1)
     after = loop.evaluate(args.eval) if args.eval else None

@@ -1,12 +1,89 @@
-"""Shared fixtures. Layers: unit/ (pure, seconds), component/ (torch, files; no Ray), e2e/ (the CLI)."""
+"""Shared fixtures. Layers: unit/ (pure, seconds), component/ (torch, files; no Ray), e2e/ (the CLI).
+
+Under pytest-xdist (`make test` runs two workers) each worker has a temporary directory of its own,
+which every process it starts inherits (Ray's sessions included); each module runs on one worker, and
+the Ray modules on one worker in turn (`pytest_xdist_make_scheduler`)."""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.timings"]  # --timings-json PATH: where the time went (scripts/ci_profile.py)
+
+
+def _worker_tmpdir() -> None:
+    """A pytest-xdist worker's own temporary directory (TMPDIR, and Ray's RAY_TMPDIR), set before any
+    test runs: the tests that check nothing of theirs is left in it (sandbox directories, Ray
+    sessions) see only what their own worker made. Short, since Ray's socket paths must fit in 107
+    bytes."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    own = Path(tempfile.gettempdir()) / f"rlsched-{worker}"
+    own.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = os.environ["RAY_TMPDIR"] = str(own)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+_worker_tmpdir()
+
+
+RAY_MODULE = re.compile(r"^pytestmark = .*\bpytest\.mark\.ray\b", re.MULTILINE)
+
+
+@functools.cache
+def is_ray_module(path: str) -> bool:
+    """Whether the test module at `path` (relative to the checkout) is marked `ray` as a whole."""
+    return RAY_MODULE.search((ROOT / path).read_text()) is not None
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit pytest-xdist hands to one worker (`--dist loadscope`, see below): all Ray modules
+    together, any other module on its own."""
+    module = nodeid.split("::")[0]
+    return "ray" if is_ray_module(module) else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` by module (plain loadscope splits a module by class), with every Ray module
+    in one scope. A module's tests run on one worker, so its module-scoped fixtures (a job's run, a
+    trained model, files planted on the host) are made once. The Ray modules run on one worker in
+    turn, as without xdist: each worker has its own temporary directory and Ray sessions under it
+    (`_worker_tmpdir`; the title kills of `rlsched.chaos.processes` and the leftover checks of
+    `tests/e2e/test_run_ray.ray_processes` look only there), but `rlsched scale`'s default address
+    (`auto`) found another worker's cluster once two ran at the same time (the elastic job's
+    scale-up was refused, "no running job named 'elastic'"), so they do not, yet. The controller sees
+    only node ids: the modules are told apart by their `pytestmark` line, and the collection checks
+    that this agrees with the markers (`pytest_collection_modifyitems`)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return RayTogether(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A Ray test outside a module marked `ray` as a whole would run beside the other Ray tests:
+    refuse it, naming the test and the fix."""
+    for item in items:
+        if (item.get_closest_marker("ray") is not None) != is_ray_module(item.nodeid.split("::")[0]):
+            raise pytest.UsageError(
+                f"{item.nodeid}: mark Ray tests with a module-level `pytestmark = [pytest.mark.ray, ...]` "
+                "line, and only there, so that pytest-xdist runs them in turn (tests/conftest.py)"
+            )
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +120,67 @@ def smollm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         return made
     wheel = request.getfixturevalue("smollm2_wheel")
     return import_smollm2(tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct", wheel=wheel)
+
+
+# what the tool-call warm-up's result depends on: a change to any of them builds it again
+CALC_INPUTS = (
+    "scripts/warm_up_tools.py",
+    "rlsched/rl/tool_warmup.py",
+    "configs/jobs/agent_calc.yaml",
+    "configs/chat_templates/smollm2_tools.jinja",
+    "configs/tools/calculator.py",
+)
+
+
+def content_digest(paths: list[Path], *extra: str) -> str:
+    """A short digest of files' contents (and of `extra` strings): a cache key for what they build."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for text in extra:
+        h.update(text.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def built_once(out: Path, build: Callable[[Path], None]) -> Path:
+    """`out`, built by `build(tmp)` into a sibling temporary directory and renamed into place unless
+    it is already there. A lock file beside it makes concurrent pytest workers (and sessions) build it
+    once and the others wait for it."""
+    import fcntl
+    import shutil
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.is_dir():
+            tmp = out.parent / f".{out.name}.building"
+            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp)
+            tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_calc(smollm2_dir: Path) -> Path:
+    """SmolLM2 after the 14-step tool-call warm-up (`scripts/warm_up_tools.py`, as `make
+    model-smollm2-calc` runs it): built once and kept under the checkout in `models/cache/`, keyed by
+    the digest of what it is built from, so every test, worker and later session reuses it."""
+    import subprocess
+    import sys
+
+    from rlsched.config import Precision
+    from rlsched.model.precision import train_precision
+
+    inputs = [ROOT / p for p in CALC_INPUTS]
+    provenance = sorted(f"{p.name}:{p.stat().st_size}" for p in smollm2_dir.iterdir() if p.is_file())
+    resolved = str(train_precision(Precision.AUTO))  # auto trains bf16 or fp32 by the CPU
+    key = content_digest(inputs, *provenance, resolved)
+
+    def build(tmp: Path) -> None:
+        script = "scripts/warm_up_tools.py"
+        command = [sys.executable, script, "--checkpoint", str(smollm2_dir), "--eval", "0", "--out", str(tmp)]
+        subprocess.run(command, check=True, cwd=ROOT, timeout=900, capture_output=True)
+
+    return built_once(ROOT / "models" / "cache" / f"smollm2-calc-{key}", build)

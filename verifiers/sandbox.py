@@ -74,6 +74,9 @@ PREFIX = os.path.realpath(sys.base_prefix)
 INSIDE_PYTHON = "/python/" + os.path.relpath(PYTHON, PREFIX)
 UID_BASE, UID_COUNT = 200_000, 4096  # each concurrent run (or environment) holds one, by a file lock
 DIR_PREFIX = "rlsched-sandbox-"  # each sandbox's directory under the temporary directory
+# the uid locks are the machine's, whatever TMPDIR a process has: two processes with different
+# temporary directories must never hold one uid (a kill-all of one run's uid would reach the other's)
+UID_LOCKS = Path("/run" if os.access("/run", os.W_OK) else "/tmp") / "rlsched-sandbox-uids"
 ALIVE = ".alive"  # locked by the process whose sandbox the directory is
 CHANNEL_FDS = (3, 4)  # inside: requests in, responses out
 
@@ -335,7 +338,7 @@ def sweep_orphans(root: Path | None = None) -> list[Path]:
 
 def _claim_uid() -> tuple[int, int]:
     """A uid no other live run holds: an exclusive lock on its file, released with the environment."""
-    locks = Path(tempfile.gettempdir()) / "rlsched-sandbox-uids"
+    locks = UID_LOCKS
     locks.mkdir(mode=0o700, exist_ok=True)
     start = random.randrange(UID_COUNT)
     for k in range(UID_COUNT):

@@ -64,6 +64,7 @@ from rlsched.engine.sampling import RowSamplers, repetition_penalized, select_to
 from rlsched.engine.staging import ModelStage
 from rlsched.engine.turns import Turns
 from rlsched.model.checkpoint import checksum, load_state_bytes
+from rlsched.model.precision import bf16_native
 from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from rlsched.policy.versions import SwapKV
 from rlsched.transfer.manifest import Buffer
@@ -102,9 +103,7 @@ def engine_dtype(name: str) -> torch.dtype:
         return torch.bfloat16
     if name == "float32":
         return torch.float32
-    if torch.cuda.is_available():
-        return torch.bfloat16
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    native = bf16_native("cuda") if torch.cuda.is_available() else bf16_native("cpu")
     return torch.bfloat16 if native else torch.float32
 
 

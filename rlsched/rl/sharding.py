@@ -14,7 +14,8 @@ Two strategies (`TrainStrategy`), picked by `trainer.strategy`:
 
 Under fsdp every forward and backward takes part in each layer's collectives, so all ranks must make
 the same number of passes in a step: `agreed_passes` asks the group for the largest micro-batch
-count, and a rank short of it makes `idle_pass`es (one pad token, zero loss).
+count, and a rank short of it makes idle passes (`rlsched.rl.update.idle_pass`: one pad token, zero
+loss).
 
 Every collective runs in a process group made with `trainer.collective_timeout_s` (gloo's default
 is 30 minutes). `collective_fault` turns the backend's timeout or lost-peer error into a
@@ -43,6 +44,7 @@ from torch.distributed.tensor import DTensor
 from rlsched.config import Precision, TrainerConfig, TrainStrategy
 from rlsched.errors import CollectiveFault, UserError
 from rlsched.model.checkpoint import published_state
+from rlsched.model.precision import train_precision
 
 
 def join_group(init_method: str, rank: int, world: int, timeout_s: float, device: torch.device) -> None:
@@ -87,6 +89,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
+def _device_type(model: torch.nn.Module) -> str:
+    return next(model.parameters()).device.type
+
+
 def shard(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
     """The policy as the strategy holds it: untouched for replicate, FSDP2 units for fsdp. A single
     rank has nothing to share its state with, so fsdp at N = 1 is a replica too (unless it offloads):
@@ -96,7 +102,7 @@ def shard(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
         return model
     mixed = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if cfg.precision is Precision.BF16
+        if train_precision(cfg.precision, _device_type(model)) is Precision.BF16
         else MixedPrecisionPolicy()
     )
     options: dict[str, Any] = {"mp_policy": mixed}
@@ -126,14 +132,6 @@ def agreed_passes(own: int, device: torch.device) -> int:
     count = torch.tensor([own], device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
-
-
-def idle_pass(model: Any, pad_id: int, device: torch.device) -> None:
-    """A forward and backward that changes no gradient (zero loss) but joins every layer's
-    collectives, for a rank with fewer micro-batches than its peers."""
-    ids = torch.tensor([[pad_id]], device=device)
-    logits = model(input_ids=ids, use_cache=False).logits
-    (logits.float().sum() * 0.0).backward()
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from environments.protocol import ToolSpec
+from rlsched.config import Precision
+from rlsched.model.precision import autocast
 from rlsched.rl.agent import render
 from rlsched.rl.batching import pack, sequence_logprobs
 from rlsched.rl.task import TaskProblem
@@ -79,6 +81,7 @@ def warm_up(
     batch: int = 8,
     lr: float = 2e-5,
     seed: int = 0,
+    precision: Precision = Precision.AUTO,
     log: Callable[[str], None] = print,
 ) -> list[float]:
     """`steps` AdamW steps of cross-entropy on teacher episodes of `problems`; the losses."""
@@ -93,7 +96,7 @@ def warm_up(
             for p in rng.sample(list(problems), batch)
         ]
         packed = pack([r[0] for r in rows], [r[1] for r in rows], pad, masks=[r[2] for r in rows])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(precision, "cpu"):
             logp = sequence_logprobs(model, packed)
         loss = -(logp * packed.loss_mask).sum() / packed.loss_mask.sum()
         optimizer.zero_grad(set_to_none=True)

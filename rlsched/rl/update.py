@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from rlsched.config import Correction, GRPOConfig, Precision, TrainerConfig
+from rlsched.model.precision import autocast
 from rlsched.rl.batching import PackedBatch, micro_batches, pack, sequence_logprobs
 from rlsched.rl.grpo import LossStats, grpo_loss, mean_of
-from rlsched.rl.sharding import idle_pass
 
 
 def set_warmup_lr(optimizer: torch.optim.Optimizer, cfg: GRPOConfig, step: int) -> float:
@@ -62,7 +62,7 @@ CPU = torch.device("cpu")
 class TrainOptions:
     pad_id: int = 0
     micro_batch_tokens: int = 16384
-    precision: Precision = Precision.FP32
+    precision: Precision = Precision.AUTO
     device: torch.device = CPU
 
     @classmethod
@@ -83,10 +83,18 @@ def prepare_policy(model: Any, cfg: TrainerConfig) -> Any:
     return model.train()
 
 
+def idle_pass(model: Any, pad_id: int, device: torch.device) -> None:
+    """A forward and backward that changes no gradient (zero loss) but joins every layer's
+    collectives, for a rank with fewer micro-batches than its peers (FSDP, `rlsched.rl.sharding`). Here rather
+    than there so that what imports the update (a rollout instance builds train items) does not pay
+    for importing FSDP."""
+    ids = torch.tensor([[pad_id]], device=device)
+    logits = model(input_ids=ids, use_cache=False).logits
+    (logits.float().sum() * 0.0).backward()
+
+
 def _autocast(opts: TrainOptions) -> contextlib.AbstractContextManager[Any]:
-    if opts.precision is Precision.BF16:
-        return torch.autocast(device_type=opts.device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return autocast(opts.precision, opts.device.type)
 
 
 def _chunks(items: Sequence[TrainItem], opts: TrainOptions) -> list[tuple[list[int], PackedBatch]]:

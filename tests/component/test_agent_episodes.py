@@ -27,10 +27,12 @@ import pytest
 import torch
 
 from environments.sandboxed import SandboxedTools
+from rlsched.config import Precision
 from rlsched.config_agent import AgentConfig
 from rlsched.engine.protocol import SamplingParams
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import load_checkpoint
+from rlsched.model.precision import autocast
 from rlsched.model.template import Message
 from rlsched.rl import agent as ag
 from rlsched.rl import episode_runs as er
@@ -97,9 +99,11 @@ def trained(smollm2_dir: Path) -> Model:
         [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id or 0, masks=[r[2] for r in rows]
     )
     model = ckpt.model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-5)
     for _ in range(12):
-        loss = -(sequence_logprobs(model, batch) * batch.loss_mask).sum() / batch.loss_mask.sum()
+        with autocast(Precision.AUTO):  # bf16 where the CPU has BF16 units: 1.8x faster here
+            logp = sequence_logprobs(model, batch)
+        loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -113,8 +113,8 @@ def _scan(writable: list[str]) -> list[str]:
     for kind in ("shm", "msg"):
         rows = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
         left += [f"sysv {kind} {r.split()[0]}" for r in rows if int(r.split()[0]) in (SHM_KEY, MSG_KEY)]
-    for controller in find_controllers().values():
-        left += [str(p) for p in controller.base.glob("run-*")]
+    for controller in find_controllers().values():  # runs of this process (a cgroup is run-UID-PID-N)
+        left += [str(p) for p in controller.base.glob(f"run-*-{os.getpid()}-*")]
     return left
 
 

@@ -46,7 +46,9 @@ def _rank(
 ) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = TrainerConfig(ranks=WORLD, micro_batch_tokens=64, **overrides)
+    # fp32: the strategies agree up to the order of additions only there (bf16 autocast and FSDP's bf16
+    # parameters round differently, and precision auto is bf16 on a CPU with BF16 units)
+    cfg = TrainerConfig(ranks=WORLD, micro_batch_tokens=64, precision="fp32", **overrides)
     join_group(address, rank, WORLD, cfg.collective_timeout_s, torch.device("cpu"))
     grpo = GRPOConfig(lr=1e-2, warmup_steps=0, **grpo_kw)
     trainer = RankTrainer(rank, WORLD, load_checkpoint(None).model, 3, grpo, cfg)

@@ -36,16 +36,9 @@ COUNTING = (ROOT / "configs" / "tools" / "calculator.py").read_text() + (
 
 
 @pytest.fixture(scope="module")
-def calc_model(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 after the 14-step tool-call warm-up: `models/smollm2-calc` when `make
-    model-smollm2-calc` wrote it, else warmed up now (about a minute)."""
-    made = ROOT / "models" / "smollm2-calc"
-    if (made / "warm_up.json").is_file():
-        return made
-    out = tmp_path_factory.mktemp("calc") / "smollm2-calc"
-    command = [sys.executable, "scripts/warm_up_tools.py", "--checkpoint", str(smollm2_dir), "--eval", "0"]
-    subprocess.run([*command, "--out", str(out)], check=True, cwd=ROOT, timeout=900, capture_output=True)
-    return out
+def calc_model(smollm2_calc: Path) -> Path:
+    """SmolLM2 after the 14-step tool-call warm-up, built once and cached (tests/conftest.py)."""
+    return smollm2_calc
 
 
 def job_file(tmp_path: Path, model: Path) -> Path:

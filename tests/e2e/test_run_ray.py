@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,8 +16,11 @@ pytestmark = pytest.mark.ray
 
 
 def ray_processes() -> list[str]:
+    """The raylets and GCS servers alive: of every Ray cluster on the machine, or, where RAY_TMPDIR
+    is set (each pytest-xdist worker sets its own), of those whose session lives under it."""
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "raylet" in line or "gcs_server" in line]
+    ours = os.environ["RAY_TMPDIR"].rstrip("/") + "/" if os.environ.get("RAY_TMPDIR") else ""
+    return [line for line in out.splitlines() if ("raylet" in line or "gcs_server" in line) and ours in line]
 
 
 def rlsched_run(*args: str) -> subprocess.CompletedProcess[str]:

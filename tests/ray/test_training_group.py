@@ -41,6 +41,7 @@ def _group(*overrides: str) -> tuple[TrainingGroup, JobConfig]:
             "grpo.warmup_steps=0",
             "grpo.lr=0.01",
             "trainer.micro_batch_tokens=64",
+            "trainer.precision=fp32",  # replicas and shards agree to the last bits only in fp32
             f"trainer.collective_timeout_s={TIMEOUT_S}",
             *overrides,
         ],

@@ -64,7 +64,8 @@ def test_table_covers_every_state_and_all_reachable_from_the_first(
 
 
 @pytest.mark.parametrize(
-    ("src", "table", "move"), [(s, t, m) for states, t, m in TABLES for s in states], ids=str
+    ("src", "table", "move"),
+    [pytest.param(s, t, m, id=f"{type(s).__name__}.{s.name}") for states, t, m in TABLES for s in states],
 )
 def test_every_edge_and_every_non_edge(
     src: StrEnum, table: dict[Any, frozenset[Any]], move: Callable[[Any, Any], Any]
