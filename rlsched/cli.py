@@ -246,7 +246,7 @@ def _add_scale(sub: Any) -> None:
     sc.add_argument("--receiver-gbps", type=float, metavar="R", help="the added instances' ingress link")
     sc.add_argument("--remove", action="append", default=[], metavar="NAME", help="an instance to remove")
     sc.add_argument("--preempt", action="store_true", help="remove abruptly (default: drain first)")
-    _address(sc, help="the job's Ray cluster (default: the one on this machine)")
+    _address(sc, help="the job's Ray cluster (default: whichever cluster on this machine runs the job)")
     _json(sc, "print the fleet as one JSON object")
     sc.set_defaults(func=cmd_scale)
 

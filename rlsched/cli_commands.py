@@ -362,30 +362,36 @@ def cmd_template_render(args: argparse.Namespace) -> int:
 
 def cmd_scale(args: argparse.Namespace) -> int:
     """Add or remove rollout instances of a running job, or show its fleet."""
-    import logging
-
     import ray
 
-    from actors.scale import NAMESPACE, ScaleCommand, inbox_name, running_jobs
+    from actors.scale import NAMESPACE, ScaleCommand, connect, find_job, inbox_name, local_clusters
     from rlsched.policy.lifecycle import Leave
 
     if args.add < 0:
         raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")
+    candidates = [args.address] if args.address != "auto" else local_clusters() or ["auto"]
     try:
-        ray.init(
-            address=args.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING
-        )
+        search = find_job(args.job, candidates)
     except (ConnectionError, RuntimeError) as err:
         raise UserError(
             f"no Ray cluster to scale at {args.address!r} ({err}); is the job running? "
             "Pass --address host:port of its head node"
         ) from None
+    if not search.holders:
+        jobs = ", ".join(search.jobs) or "none"
+        raise UserError(f"no running job named {args.job!r} on this machine's Ray clusters (running: {jobs})")
+    if len(search.holders) > 1:
+        raise UserError(
+            f"jobs named {args.job!r} run on {len(search.holders)} Ray clusters here "
+            f"({', '.join(search.holders)}); pass --address host:port of the one to scale"
+        )
+    if not ray.is_initialized():
+        connect(search.holders[0])
     try:
         try:
             inbox = ray.get_actor(inbox_name(args.job), namespace=NAMESPACE)
-        except ValueError:
-            jobs = ", ".join(running_jobs()) or "none"
-            raise UserError(f"no running job named {args.job!r} on this cluster (running: {jobs})") from None
+        except ValueError:  # the job ended between the search and now
+            raise UserError(f"the job {args.job!r} is no longer running") from None
         command = ScaleCommand(
             add=args.add,
             receiver_gbps=args.receiver_gbps,

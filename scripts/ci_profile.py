@@ -3,13 +3,17 @@
     .venv/bin/python scripts/ci_profile.py run [--out bench_results/ci_profile.json] [-- PYTEST ARGS]
     .venv/bin/python scripts/ci_profile.py show bench_results/ci_profile.json [--top 25]
     .venv/bin/python scripts/ci_profile.py compare BEFORE.json AFTER.json [--top 25]
+    .venv/bin/python scripts/ci_profile.py durations bench_results/ci_profile.json
+
 
 `run` is `make test`'s pytest (`-m "not vllm"` unless the arguments name another marker) with
 `--timings-json` (the plugin in tests/timings.py). `show` prints three tables: the modules (set-up,
 call, teardown, tests), the slowest tests (each phase, and what the test guards: its docstring's
 first sentence) and the slowest fixture set-ups (scope, and the test that paid for them). `compare`
 puts two profiles side by side by module and by test: the before/after kept in docs/development.md.
-`--markdown` prints the tables as Markdown for the docs.
+`--markdown` prints the tables as Markdown for the docs. `durations` writes each module's seconds to
+tests/durations.json, the order in which pytest-xdist hands modules out (longest first:
+tests/conftest.py); refresh it when a module's time changes much.
 """
 
 from __future__ import annotations
@@ -162,6 +166,16 @@ def compare(before: dict[str, Any], after: dict[str, Any], top: int, out: Out) -
     )
 
 
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def durations(data: dict[str, Any]) -> None:
+    """Each module's seconds (set-up, calls and teardown), rounded, into tests/durations.json."""
+    seconds = {m: round(total(row)) for m, row in sorted(by_module(data).items())}
+    DURATIONS.write_text(json.dumps(seconds, indent=1) + "\n")
+    print(f"wrote {len(seconds)} modules' seconds to {DURATIONS.relative_to(ROOT)}")
+
+
 def run(out_path: Path, pytest_args: list[str]) -> int:
     marker = [] if "-m" in pytest_args else ["-m", "not vllm"]
     cmd = [sys.executable, "-m", "pytest", "-q", *marker, f"--timings-json={out_path}", *pytest_args]
@@ -180,11 +194,13 @@ def main() -> int:
     p_cmp = sub.add_parser("compare", help="two profiles side by side")
     p_cmp.add_argument("before", type=Path)
     p_cmp.add_argument("after", type=Path)
+    p_dur = sub.add_parser("durations", help="write each module's seconds to tests/durations.json")
+    p_dur.add_argument("profile", type=Path)
     for p in (p_run, p_show, p_cmp):
         p.add_argument("--top", type=int, default=25)
         p.add_argument("--markdown", action="store_true", help="Markdown tables, for docs/development.md")
     args = parser.parse_args()
-    out = Out(args.markdown)
+    out = Out(getattr(args, "markdown", False))
     if args.cmd == "run":
         rc = run(args.out, args.pytest_args)
         if args.out.exists():
@@ -192,6 +208,9 @@ def main() -> int:
         return rc
     if args.cmd == "show":
         show(load(args.profile), args.top, out)
+        return 0
+    if args.cmd == "durations":
+        durations(load(args.profile))
         return 0
     compare(load(args.before), load(args.after), args.top, out)
     return 0

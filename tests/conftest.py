@@ -7,6 +7,7 @@ the Ray modules on one worker in turn (`pytest_xdist_make_scheduler`)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import tempfile
@@ -46,43 +47,54 @@ def is_ray_module(path: str) -> bool:
     return RAY_MODULE.search((ROOT / path).read_text()) is not None
 
 
-def xdist_scope(nodeid: str) -> str:
-    """The unit pytest-xdist hands to one worker (`--dist loadscope`, see below): all Ray modules
-    together, any other module on its own."""
-    module = nodeid.split("::")[0]
-    return "ray" if is_ray_module(module) else module
+DURATIONS = json.loads((ROOT / "tests" / "durations.json").read_text())  # scripts/ci_profile.py durations
 
 
+def module_seconds(module: str) -> float:
+    """A module's seconds in the last profile (tests/durations.json); a module not profiled yet counts
+    as a minute when it runs Ray (a job's start-up alone takes tens of seconds), else as a second."""
+    return float(DURATIONS.get(module, 60 if is_ray_module(module) else 1))
+
+
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the plugin
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadscope` by module (plain loadscope splits a module by class), with every Ray module
-    in one scope. A module's tests run on one worker, so its module-scoped fixtures (a job's run, a
-    trained model, files planted on the host) are made once. The Ray modules run on one worker in
-    turn, as without xdist: each worker has its own temporary directory and Ray sessions under it
+    """`--dist loadscope` by module (plain loadscope splits a module by class), the longest first.
+
+    A module's tests run on one worker, so its module-scoped fixtures (a job's run, a trained model,
+    files planted on the host) are made once. Modules are handed out longest first by their seconds
+    in tests/durations.json (the longest-processing-time rule: plain loadscope hands out the modules
+    with the most tests first, which left the chaos trials to start last). Ray modules run on both
+    workers at once: each worker has its own temporary directory and Ray sessions under it
     (`_worker_tmpdir`; the title kills of `rlsched.chaos.processes` and the leftover checks of
-    `tests/e2e/test_run_ray.ray_processes` look only there), but `rlsched scale`'s default address
-    (`auto`) found another worker's cluster once two ran at the same time (the elastic job's
-    scale-up was refused, "no running job named 'elastic'"), so they do not, yet. The controller sees
-    only node ids: the modules are told apart by their `pytestmark` line, and the collection checks
-    that this agrees with the markers (`pytest_collection_modifyitems`)."""
+    `tests/e2e/test_run_ray.ray_processes` look only there), and `rlsched scale` finds a job on
+    whichever cluster of the machine holds it (`actors/scale.py find_job`)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class RayTogether(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_scope(nodeid)
+    class LongestModuleFirst(LoadScopeScheduling):  # type: ignore[misc]
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # our order, not "most tests first"
 
-    return RayTogether(config, log)
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid.split("::")[0]
+
+        def add_node_collection(self, node: Any, collection: Any) -> None:
+            by_time = sorted(collection, key=lambda n: -module_seconds(n.split("::")[0]))  # stable
+            super().add_node_collection(node, by_time)
+
+    return LongestModuleFirst(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A Ray test outside a module marked `ray` as a whole would run beside the other Ray tests:
-    refuse it, naming the test and the fix."""
+    """A Ray test outside a module marked `ray` as a whole would be timed as a plain module (and
+    `make test-fast` would not leave it out as a module): refuse it, naming the test and the fix."""
     for item in items:
         if (item.get_closest_marker("ray") is not None) != is_ray_module(item.nodeid.split("::")[0]):
             raise pytest.UsageError(
                 f"{item.nodeid}: mark Ray tests with a module-level `pytestmark = [pytest.mark.ray, ...]` "
-                "line, and only there, so that pytest-xdist runs them in turn (tests/conftest.py)"
+                "line, and only there (tests/conftest.py)"
             )
 
 
@@ -122,16 +134,6 @@ def smollm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     return import_smollm2(tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct", wheel=wheel)
 
 
-# what the tool-call warm-up's result depends on: a change to any of them builds it again
-CALC_INPUTS = (
-    "scripts/warm_up_tools.py",
-    "rlsched/rl/tool_warmup.py",
-    "configs/jobs/agent_calc.yaml",
-    "configs/chat_templates/smollm2_tools.jinja",
-    "configs/tools/calculator.py",
-)
-
-
 def content_digest(paths: list[Path], *extra: str) -> str:
     """A short digest of files' contents (and of `extra` strings): a cache key for what they build."""
     import hashlib
@@ -163,24 +165,18 @@ def built_once(out: Path, build: Callable[[Path], None]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_calc(smollm2_dir: Path) -> Path:
-    """SmolLM2 after the 14-step tool-call warm-up (`scripts/warm_up_tools.py`, as `make
-    model-smollm2-calc` runs it): built once and kept under the checkout in `models/cache/`, keyed by
-    the digest of what it is built from, so every test, worker and later session reuses it."""
-    import subprocess
-    import sys
-
+def smollm2_tools(smollm2_dir: Path) -> Path:
+    """SmolLM2 that calls the calculator (tests/agent_model.py: the user's warm-up script for one
+    step, then twelve steps on four teacher episodes, FP32): built once and kept under the checkout in
+    `models/cache/`, keyed by the digest of what it is built from, so every test, worker and later
+    session reuses it."""
     from rlsched.config import Precision
     from rlsched.model.precision import train_precision
+    from tests import agent_model
 
-    inputs = [ROOT / p for p in CALC_INPUTS]
+    inputs = [ROOT / p for p in agent_model.INPUTS]
     provenance = sorted(f"{p.name}:{p.stat().st_size}" for p in smollm2_dir.iterdir() if p.is_file())
     resolved = str(train_precision(Precision.AUTO))  # auto trains bf16 or fp32 by the CPU
     key = content_digest(inputs, *provenance, resolved)
-
-    def build(tmp: Path) -> None:
-        script = "scripts/warm_up_tools.py"
-        command = [sys.executable, script, "--checkpoint", str(smollm2_dir), "--eval", "0", "--out", str(tmp)]
-        subprocess.run(command, check=True, cwd=ROOT, timeout=900, capture_output=True)
-
-    return built_once(ROOT / "models" / "cache" / f"smollm2-calc-{key}", build)
+    out = ROOT / "models" / "cache" / f"smollm2-tools-{key}"
+    return built_once(out, lambda tmp: agent_model.build(smollm2_dir, tmp))

@@ -1,12 +1,13 @@
 """Multi-turn episodes with a real model and real sandboxed tools (`rlsched.rl.agent`).
 
-SmolLM2-135M-Instruct, shown the shipped tools template, is fine-tuned in the fixture for a few steps
-on four teacher episodes: three calculator episodes (`rlsched.rl.tool_warmup`) and one whose reply is
-a call that does not parse. Greedy episodes then call the real calculator in a sandbox and answer;
-a calculator that hangs is stopped at its timeout and the model reads an error; the broken call is
-answered with an error observation; limits end episodes with typed reasons; an environment that cannot
-be prepared is retried and then a fault, never a zero reward; and nothing of any environment is left
-afterwards. Slow: about a minute.
+SmolLM2-135M-Instruct, shown the shipped tools template, fine-tuned on four teacher episodes: three
+calculator episodes (`rlsched.rl.tool_warmup`) and one whose reply is a call that does not parse
+(the `smollm2_tools` model of tests/agent_model.py, built once per checkout and shared with the job
+test). Greedy episodes then call the real calculator in a sandbox and answer; a calculator that
+hangs is stopped at its timeout and the model reads an error; the broken call is answered with an
+error observation; limits end episodes with typed reasons; an environment that cannot be prepared is
+retried and then a fault, never a zero reward; and nothing of any environment is left afterwards.
+Slow: about a minute.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import copy
 import dataclasses
 import io
 import json
-import random
 import tarfile
 import tempfile
 import time
@@ -27,41 +27,22 @@ import pytest
 import torch
 
 from environments.sandboxed import SandboxedTools
-from rlsched.config import Precision
 from rlsched.config_agent import AgentConfig
 from rlsched.engine.protocol import SamplingParams
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import load_checkpoint
-from rlsched.model.precision import autocast
-from rlsched.model.template import Message
 from rlsched.rl import agent as ag
 from rlsched.rl import episode_runs as er
-from rlsched.rl.batching import pack, sequence_logprobs
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.task import JsonlProblem
-from rlsched.rl.tool_warmup import episode_tokens, teacher_episode
-from rlsched.rl.word_problems import LEVELS, draw_problem
 from rlsched.serve.episodes import EndReason, Episode, training_sequence
 from rlsched.serve.tools import ParsedCall
 from rlsched.store.round_journal import RoundJournal
+from tests.agent_model import CALCULATOR, TEMPLATE, agent_cfg, broken_problem, teacher_problems
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "configs" / "chat_templates" / "smollm2_tools.jinja"
-CALCULATOR = (ROOT / "configs" / "tools" / "calculator.py").read_text()
-SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
-BROKEN = JsonlProblem(
-    "broken", (Message(role="user", content="Call the calculator the wrong way, please."),), "0", "math"
-)
-BROKEN_REPLY = '<tool_call>\n{"name": "calculator", "arguments": \n</tool_call>'
-
-
-def agent_cfg(program: str = CALCULATOR, timeout_s: float = 5.0, **limits: Any) -> AgentConfig:
-    tool = {"name": "calculator", "description": "Evaluate an arithmetic expression", "parameters": SCHEMA}
-    return AgentConfig.model_validate(
-        {"tools": [tool | {"program": program, "timeout_s": timeout_s}], **limits}
-    )
+BROKEN = broken_problem()
 
 
 class Model:
@@ -82,32 +63,10 @@ class Model:
 
 
 @pytest.fixture(scope="module")
-def trained(smollm2_dir: Path) -> Model:
-    ckpt = load_checkpoint(smollm2_dir, dtype=torch.float32)
-    tok = ckpt.tokenizer
-    tok.hf.chat_template = TEMPLATE.read_text()
-    rng = random.Random(0)
-    problems = [draw_problem(rng, LEVELS[next(iter(LEVELS))]) for _ in range(3)]
-    tools = ag.environment_factory(agent_cfg())().tools
-    end = tok.id_of("<|im_end|>")
-    episodes = [teacher_episode(p) for p in problems]
-    episodes.append(
-        [*(m.model_dump() for m in BROKEN.messages()), {"role": "assistant", "content": BROKEN_REPLY}]
-    )
-    rows = [episode_tokens(tok, e, tools, end) for e in episodes]
-    batch = pack(
-        [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id or 0, masks=[r[2] for r in rows]
-    )
-    model = ckpt.model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-5)
-    for _ in range(12):
-        with autocast(Precision.AUTO):  # bf16 where the CPU has BF16 units: 1.8x faster here
-            logp = sequence_logprobs(model, batch)
-        loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return Model(tok, model.eval(), problems)
+def trained(smollm2_tools: Path) -> Model:
+    ckpt = load_checkpoint(smollm2_tools, dtype=torch.float32)
+    ckpt.tokenizer.hf.chat_template = TEMPLATE.read_text()
+    return Model(ckpt.tokenizer, ckpt.model.eval(), teacher_problems())
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,13 @@
 """A multi-turn job on Ray, as a user runs it (`rlsched run configs/jobs/agent_calc.yaml`): SmolLM2
-after the tool-call warm-up, two rollout instances each running a share of the episodes with the
-calculator sandboxed beside it, every round journaled in the run's `rounds.sqlite`.
+taught the calculator's call format (tests/agent_model.py), two rollout instances each running a
+share of the episodes with the calculator sandboxed beside it, every round journaled in the run's
+`rounds.sqlite`.
 
 One rollout instance is killed with SIGKILL while its episodes are under way. Its groups go to an
-instance that serves, where each episode resumes from its last committed round: the iteration commits
-with every episode, and the calculator (which keeps a line per run in its work directory) ran exactly
-once per call the episodes made. Nothing of any environment is left on the machine afterwards.
+instance that serves, where each episode resumes from its last committed round: the iteration
+commits with every episode, and the calculator (which keeps a line per run in its work directory)
+ran exactly once per call the episodes made. Nothing of any environment is left on the machine
+afterwards.
 """
 
 from __future__ import annotations
@@ -30,15 +32,19 @@ from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-COUNTING = (ROOT / "configs" / "tools" / "calculator.py").read_text() + (
-    "\nwith open('runs.txt', 'a') as f:\n    f.write('ran\\n')\n"
+# the calculator, taking 1.5 s a call (so that the kill lands while calls are under way, however fast
+# the model answers) and keeping a line per completed run in its work directory
+COUNTING = (
+    "import time\ntime.sleep(1.5)\n"
+    + (ROOT / "configs" / "tools" / "calculator.py").read_text()
+    + "\nwith open('runs.txt', 'a') as f:\n    f.write('ran\\n')\n"
 )
 
 
 @pytest.fixture(scope="module")
-def calc_model(smollm2_calc: Path) -> Path:
-    """SmolLM2 after the 14-step tool-call warm-up, built once and cached (tests/conftest.py)."""
-    return smollm2_calc
+def calc_model(smollm2_tools: Path) -> Path:
+    """SmolLM2 that calls the calculator, built once and cached (tests/agent_model.py)."""
+    return smollm2_tools
 
 
 def job_file(tmp_path: Path, model: Path) -> Path:
@@ -57,14 +63,16 @@ def job_file(tmp_path: Path, model: Path) -> Path:
     return path
 
 
-def call_rows(journal: Path) -> int:
+def episodes_under_way(journal: Path) -> int:
+    """Episodes of the journal that have started and not ended (a reply sampled, a call running)."""
     if not journal.exists():
         return 0
     try:
         with sqlite3.connect(journal, timeout=5) as db:
-            return int(db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+            bodies = [json.loads(b) for (b,) in db.execute("SELECT body FROM states").fetchall()]
     except sqlite3.Error:
         return 0
+    return sum(1 for b in bodies if b["episode"]["ended"] is None)
 
 
 def runs_in(archive: bytes) -> int:
@@ -84,9 +92,9 @@ def test_a_killed_instance_s_episodes_resume_elsewhere_without_running_a_tool_tw
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, text=True)
     try:
         deadline = time.monotonic() + 600
-        while call_rows(out / "rounds.sqlite") == 0:  # a round is under way in iteration 1
+        while episodes_under_way(out / "rounds.sqlite") < 4:  # rounds under way on both instances
             assert proc.poll() is None, (tmp_path / "stdout.txt").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no tool call was journaled within 600 s"
+            assert time.monotonic() < deadline, "no episode was journaled under way within 600 s"
             time.sleep(0.2)
         victims = processes(TITLES[Fault.ROLLOUT_INSTANCE])
         assert victims, "no rollout instance process to kill"
