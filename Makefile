@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 WORKERS ?= 2
 XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadscope)
 
-.PHONY: setup run test test-fast lint bench proto clean-venv setup-vllm run-vllm test-vllm model-smollm2 model-smollm2-calc
+.PHONY: setup run test test-fast lint coverage bench proto clean-venv setup-vllm run-vllm test-vllm model-smollm2 model-smollm2-calc
 
 setup: $(STAMP)
 
@@ -34,6 +34,12 @@ test: setup
 # slow tests or the CLI in subprocesses (tests/e2e)
 test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not ray and not vllm" tests/unit tests/component tests/conformance $(PYTEST_ARGS)
+
+# line coverage of rlsched/policy and rlsched/core under test-fast's selection and under test's, side
+# by side (about the time of both; COVERAGE_TIERS=fast for the first alone)
+COVERAGE_TIERS ?= fast,all
+coverage: setup
+	$(PY) scripts/coverage_tiers.py --tiers $(COVERAGE_TIERS) --workers $(WORKERS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

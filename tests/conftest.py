@@ -56,35 +56,51 @@ def module_seconds(module: str) -> float:
     return float(DURATIONS.get(module, 60 if is_ray_module(module) else 1))
 
 
+def xdist_scope(nodeid: str) -> str:
+    """The unit pytest-xdist hands to one worker: all Ray modules together (one lane, in turn), every
+    other module on its own."""
+    module = nodeid.split("::")[0]
+    return "ray" if is_ray_module(module) else module
+
+
+RAY_LANE_S = sum(seconds for module, seconds in DURATIONS.items() if is_ray_module(module))
+
+
+def scope_seconds(scope: str) -> float:
+    return RAY_LANE_S if scope == "ray" else module_seconds(scope)
+
+
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the plugin
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadscope` by module (plain loadscope splits a module by class), the longest first.
+    """`--dist loadscope` by module (plain loadscope splits a module by class), the Ray modules
+    together in one lane, the longest first.
 
     A module's tests run on one worker, so its module-scoped fixtures (a job's run, a trained model,
-    files planted on the host) are made once. Modules are handed out longest first by their seconds
-    in tests/durations.json (the longest-processing-time rule: plain loadscope hands out the modules
-    with the most tests first, which left the chaos trials to start last). Ray modules run on both
-    workers at once: each worker has its own temporary directory and Ray sessions under it
-    (`_worker_tmpdir`; the title kills of `rlsched.chaos.processes` and the leftover checks of
-    `tests/e2e/test_run_ray.ray_processes` look only there), and `rlsched scale` finds a job on
-    whichever cluster of the machine holds it (`actors/scale.py find_job`)."""
+    files planted on the host) are made once. The Ray modules run on one worker in turn: on two
+    cores, two Ray jobs at once each ran two to four times slower (issue 40's measurements in
+    docs/development.md), so the lane is the long pole whatever the split. Units are handed out
+    longest first by their seconds in tests/durations.json (the longest-processing-time rule: the
+    Ray lane starts at once, the other worker takes the long plain modules first; plain loadscope
+    hands out the units with the most tests first). Each worker still has its own temporary directory
+    and Ray sessions under it (`_worker_tmpdir`), and `rlsched scale` finds a job on whichever cluster
+    of the machine holds it (`actors/scale.py find_job`)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class LongestModuleFirst(LoadScopeScheduling):  # type: ignore[misc]
+    class LongestFirst(LoadScopeScheduling):  # type: ignore[misc]
         def __init__(self, config: pytest.Config, log: Any = None) -> None:
             super().__init__(config, log)
             config.option.loadscopereorder = False  # our order, not "most tests first"
 
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::")[0]
+            return xdist_scope(nodeid)
 
         def add_node_collection(self, node: Any, collection: Any) -> None:
-            by_time = sorted(collection, key=lambda n: -module_seconds(n.split("::")[0]))  # stable
+            by_time = sorted(collection, key=lambda n: -scope_seconds(xdist_scope(n)))  # stable
             super().add_node_collection(node, by_time)
 
-    return LongestModuleFirst(config, log)
+    return LongestFirst(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
