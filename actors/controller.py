@@ -64,10 +64,10 @@ from rlsched.rl.grpo import LossStats, importance
 from rlsched.rl.pending import PendingWork
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
-from rlsched.rl.update import TrainItem
+from rlsched.rl.update import TrainItem, skipped_note
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet
-from verifiers.protocol import Outcome, Verdict
+from verifiers.protocol import Outcome, Verdict, client_reference_refusal
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,12 @@ class JobController:
         self.redone_spans: list[Span] = []  # of iterations a recovery ran again (the timeline's)
         self.tokenizer, self.template = load_prompting(cfg.model.checkpoint, cfg.model.template)
         self.task = build_task(cfg.task)
-        self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
+        self.verifiers = VerifierSet(
+            cfg.verifier.kind,
+            cfg.verifier.sandbox.policy(),
+            cfg.task.rewards(),
+            cfg.verifier.timeout.params(),
+        )
         resume_after = None if start is None else start.iteration  # a resumed run: its episodes come back
         start = start or Start()
         self.attempt = start.attempt
@@ -361,6 +366,8 @@ class JobController:
     def update(self, iteration: int, items: list[TrainItem]) -> LossStats:
         """The training group's steps on the batch (`grpo.minibatches` of them); their figures."""
         stats, start, end = self.group.update(items)
+        if (note := skipped_note(stats, iteration)) is not None:
+            self.log(note)
         attrs = {"lane": "trainer", "samples": len(items), "steps": self.cfg.grpo.minibatches}
         self.spans.append(Span(SpanKind.UPDATE, f"update-{iteration}", start, end, iteration, attrs))
         return stats
@@ -398,7 +405,8 @@ class JobController:
         handle = EndpointActor.remote(  # type: ignore[attr-defined]
             self.fleet.live_handles(), str(inspect_checkpoint(cfg.model.checkpoint).path),
             cfg.rollout.endpoint, max_staleness=cfg.rollout.max_staleness, template=cfg.model.template,
-            journal=journal, resume_after=resume_after,
+            journal=journal, resume_after=resume_after, rewards=self.verifiers.rewards,
+            reference_refusal=client_reference_refusal(self.verifiers.get()),
         )  # fmt: skip
         if resume_after is not None and journal is not None:
             back = len(ray.get(handle.episodes.remote()))
@@ -522,6 +530,7 @@ class JobController:
             "fleet": asdict(self.fleet.counts),
             "serving": sorted(self.fleet.serving()),
             "importance": importance(stats, self.cfg.grpo),
+            "skipped_steps": stats.skipped,
         }
 
     # -- evaluation, the trained policy and shutdown ----------------------------------------------

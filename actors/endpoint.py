@@ -48,6 +48,7 @@ from rlsched.serve.run import Served
 from rlsched.serve.server import PREFIX_CACHE_TOKENS, Running, start, with_chat_template
 from rlsched.store.episode_journal import EpisodeJournal
 from rlsched.transfer.service import WeightService
+from verifiers.protocol import UNIT_REWARDS, RewardRange
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +244,8 @@ class Endpoint:
         model_name: str | None = None,
         journal: str | None = None,
         resume_after: int | None = None,
+        rewards: RewardRange = UNIT_REWARDS,
+        reference_refusal: str | None = None,
     ) -> None:
         first = next(iter(instances.values()))
         context_length, rows = ray.get(first.describe.remote())
@@ -253,11 +256,13 @@ class Endpoint:
         tokenizer, prompts = load_prompting(path, template)
         prompts = with_chat_template(tokenizer, prompts, Path(chat_template) if chat_template else None)
         served = Served(self.backend, tokenizer, prompts, model_name or cfg.model_name or path.name)
+        served.reference_refusal = reference_refusal
+        served.episodes = EpisodeStore(cfg.reward_timeout_s, rewards=rewards)
         if journal is not None:  # a job's endpoint: its episodes survive a crash of the job
             kept = EpisodeJournal(Path(journal))
             if resume_after is None:
                 kept.reset()  # a new run
-            served.episodes = EpisodeStore(journal=kept)
+            served.episodes = EpisodeStore(cfg.reward_timeout_s, journal=kept, rewards=rewards)
             if resume_after is not None:
                 served.episodes.restore(resume_after)
         self.running: Running = start(served, cfg)

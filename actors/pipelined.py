@@ -40,6 +40,7 @@ from rlsched.rl.assemble import assemble
 from rlsched.rl.pending import JudgedGroup, PendingWork
 from rlsched.rl.requests import group_of
 from rlsched.rl.task import TaskProblem
+from rlsched.rl.update import skipped_note
 from verifiers.protocol import Outcome
 
 if TYPE_CHECKING:
@@ -281,6 +282,8 @@ class PipelinedRun:
         e, refs, figures = self.updating
         self.updating = None
         stats, start, end = self.c.group.update_end(refs)
+        if (note := skipped_note(stats, e.iteration)) is not None:
+            self.c.log(note)
         attrs = {"lane": "trainer", "samples": figures["used"], "steps": self.c.cfg.grpo.minibatches}
         self.c.spans.append(Span(SpanKind.UPDATE, f"update-{e.iteration}", start, end, e.iteration, attrs))
         figures["stats"] = stats

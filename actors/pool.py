@@ -41,7 +41,15 @@ from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.verify import BatchState, PendingVerification, TaskId, VerifyParams, WorkerId
-from verifiers.protocol import ExecutionFault, FaultKind, Outcome, Prepared, VerifyRequest
+from verifiers.protocol import (
+    UNIT_REWARDS,
+    ExecutionFault,
+    FaultKind,
+    Outcome,
+    Prepared,
+    RewardRange,
+    VerifyRequest,
+)
 
 # what a CPU stage hands to the GPU stage: the task, its request, verifier kind, iteration, payload
 OnPrepared = Callable[[PendingVerification, VerifyRequest, "str | None", int, Prepared], None]
@@ -71,6 +79,7 @@ def pool_params(cfg: VerifierConfig, retries: int, gpu: bool) -> vx.PoolParams:
         retries=retries,
         timeouts=cfg.timeout.params(),
         heartbeats=vx.Heartbeats(cfg.heartbeat_s, cfg.heartbeat_timeout_s),
+        grace_s=cfg.timeout.grace_s,
         name="gpu-verifier" if gpu else "verifier",
     )
 
@@ -87,7 +96,9 @@ class VerifierPool:
         stage: Stage = "whole",
         on_prepared: OnPrepared | None = None,
         pg: Any = None,
+        rewards: RewardRange = UNIT_REWARDS,
     ) -> None:
+        self.rewards = rewards  # the task's reward range, which each worker holds its verdicts to
         if stage == "cpu" and on_prepared is None:
             raise ValueError("a CPU-stage pool needs on_prepared: where its prepared work goes next")
         params = pool_params(cfg, retries, gpu=stage == "gpu")
@@ -230,7 +241,12 @@ class VerifierPool:
         if self.pg is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
         handle = VerifierWorker.options(**options).remote(
-            wid, self.cfg.kind, self.cfg.delay_s, self.cfg.sandbox.policy()
+            wid,
+            self.cfg.kind,
+            self.cfg.delay_s,
+            self.cfg.sandbox.policy(),
+            self.rewards,
+            self.cfg.timeout.params(),
         )
         self.workers[wid] = WorkerProcess(handle)
         self.calls[handle.heartbeat.remote()] = _Call(_For.UP, wid)
@@ -239,9 +255,8 @@ class VerifierPool:
         task = effect.task
         request, kind, _ = self.requests[task.task_id]
         payload = self.payloads.get(task.task_id, b"")
-        ref = self.workers[effect.worker].handle.verify.remote(
-            replace(request, attempt=task.attempt), kind, self.stage, payload
-        )
+        timed = replace(request, attempt=task.attempt, timeout_s=effect.timeout_s, limit_s=effect.limit_s)
+        ref = self.workers[effect.worker].handle.verify.remote(timed, kind, self.stage, payload)
         self.calls[ref] = _Call(_For.RUN, effect.worker, task.task_id, task.attempt)
 
     def _hand_on(self, effect: vx.HandedOn) -> None:

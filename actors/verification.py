@@ -41,7 +41,9 @@ class JobVerification:
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
         self.gpu_pool: VerifierPool | None = None
         if v.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
-            self.gpu_pool = VerifierPool(v, retries, RemainingTime(), spans, clock, log, stage="gpu", pg=pg)
+            self.gpu_pool = VerifierPool(
+                v, retries, RemainingTime(), spans, clock, log, stage="gpu", pg=pg, rewards=verifiers.rewards
+            )
         self.pool = VerifierPool(
             v,
             retries,
@@ -52,6 +54,7 @@ class JobVerification:
             stage="whole" if self.gpu_pool is None else "cpu",
             on_prepared=None if self.gpu_pool is None else self._to_gpu_stage,
             pg=pg,
+            rewards=verifiers.rewards,
         )
         self.pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
         self._waiting: dict[str, _Queued] = {}

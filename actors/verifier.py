@@ -25,12 +25,15 @@ from typing import Any, Literal, cast
 
 import ray
 
+from rlsched.policy.timeouts import TimeoutParams
 from verifiers.loading import VerifierSet, VerifierSpecError
 from verifiers.protocol import (
+    UNIT_REWARDS,
     ExecutionFault,
     FaultKind,
     Outcome,
     Prepared,
+    RewardRange,
     TwoStageVerifier,
     VerifyRequest,
     is_two_stage,
@@ -60,10 +63,12 @@ class VerifierWorker:
         kind: str = "exact_answer",
         delay_s: float = 0.0,
         sandbox: SandboxPolicy | None = None,
+        rewards: RewardRange = UNIT_REWARDS,
+        timeouts: TimeoutParams | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.delay_s = delay_s
-        self.verifiers = VerifierSet(kind, sandbox)
+        self.verifiers = VerifierSet(kind, sandbox, rewards, timeouts)
         self._lock = threading.Lock()
         self._current: tuple[str, int, float] | None = None
 
@@ -90,12 +95,13 @@ class VerifierWorker:
             return ExecutionFault(request.sample_id, FaultKind.INPUT, str(err), request.attempt)
         if self.delay_s:
             time.sleep(self.delay_s)
+        rewards = self.verifiers.rewards
         if stage == "whole" or not is_two_stage(verifier):
-            return run_verifier(verifier, request)
+            return run_verifier(verifier, request, rewards)
         two = cast(TwoStageVerifier, verifier)
         if stage == "cpu":
-            return run_stage(verifier, request, lambda: two.prepare(request))
-        return run_stage(verifier, request, lambda: two.run_prepared(request, payload))
+            return run_stage(verifier, request, lambda: two.prepare(request), rewards)
+        return run_stage(verifier, request, lambda: two.run_prepared(request, payload), rewards)
 
     def heartbeat(self) -> Heartbeat:
         with self._lock:

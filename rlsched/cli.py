@@ -219,6 +219,9 @@ def _add_serve(sub: Any) -> None:
     )
     serve.add_argument("--max-waiting", type=_positive, default=256, help="queued requests before 429")
     serve.add_argument("--max-per-client", type=int, default=0, help="running requests per client (0: any)")
+    serve.add_argument(
+        "--max-body-mb", type=float, default=8.0, help="larger request bodies get 413, unread (default 8)"
+    )
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds before a request is aborted")
     serve.set_defaults(func=cmd_serve)
 

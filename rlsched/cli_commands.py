@@ -266,6 +266,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cfg = EndpointConfig(
             host=args.host, port=args.port, api_key=args.api_key, model_name=args.model_name,
             timeout_s=args.timeout, max_waiting=args.max_waiting, max_per_client=args.max_per_client,
+            max_body_mb=args.max_body_mb,
         )  # fmt: skip
     except ValidationError as err:
         raise UserError(f"rlsched serve: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None

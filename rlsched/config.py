@@ -22,6 +22,7 @@ from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.policy.versions import InflightUpdate, PipelineMode, SwapKV, pipeline_problem
 from rlsched.transfer.plane import Plane
+from verifiers.protocol import RewardRange
 from verifiers.sandbox import Isolation, SandboxPolicy
 
 UNSHAPED_GBPS = 10.0  # what the relay plan assumes of a link left unshaped
@@ -164,6 +165,20 @@ class TaskConfig(Section):
     train_size: int = Field(2048, ge=1, description="arithmetic only: distinct training problems")
     eval_size: int = Field(1024, ge=1, description="held-out problems in each evaluation")
     seed: int = Field(1234, description="seed of the task's problem draws (train and held-out sets)")
+    reward_range: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="the rewards its verifier may give, [low, high]: any other (or a non-finite one) "
+        "never reaches training (a verifier's is a fault, an endpoint client's a 4xx)",
+    )
+
+    def rewards(self) -> RewardRange:
+        return RewardRange(*self.reward_range)
+
+    @field_validator("reward_range")
+    @classmethod
+    def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        RewardRange(*value)  # raises ValueError naming the rule
+        return value
 
     @model_validator(mode="after")
     def _keys_match_kind(self) -> TaskConfig:
@@ -379,6 +394,9 @@ class EndpointConfig(Section):
     max_per_client: int = Field(
         0, ge=0, description="requests one client (`user`, else its key) may have running (0: no limit)"
     )
+    max_body_mb: float = Field(
+        8.0, gt=0, description="a request body larger than this is refused with 413 before it is read"
+    )
     reward_timeout_s: float = Field(
         600.0, gt=0, description="an ended episode whose reward has not come by then is dropped (counted)"
     )
@@ -474,7 +492,10 @@ class StoreConfig(Section):
 class TimeoutConfig(Section):
     """Per-key adaptive verification timeouts (RollPacker's rule, `rlsched.policy.timeouts`): a run
     is stopped at min(max(floor_s, factor x the longest recent correct run of its problem), cap_s),
-    at cap_s before any correct run, and never later than hard_cap_s. Stopping kills the worker."""
+    at cap_s before any correct run, and never later than hard_cap_s. cap_s is the time limit: a
+    sandboxed run stopped there is a wrong answer (reward 0); one stopped earlier by the adaptive
+    timeout is an execution fault, retried with the whole limit. The sandbox stops a run at its
+    timeout; the worker is killed grace_s later, if it has not answered by then."""
 
     floor_s: float = Field(2.0, gt=0, description="no timeout shorter than this")
     factor: float = Field(1.5, ge=1.0, description="times the longest recent correct run of the problem")
@@ -483,6 +504,12 @@ class TimeoutConfig(Section):
     )
     hard_cap_s: float = Field(
         120.0, gt=0, description="the bound nothing passes, whatever the other three say"
+    )
+    grace_s: float = Field(
+        5.0,
+        ge=0,
+        description="a worker is killed this long after its run's timeout: a sandboxed verifier stops "
+        "the run at the timeout itself and reports (a run past the limit, cap_s, is a wrong answer)",
     )
 
     def params(self) -> TimeoutParams:

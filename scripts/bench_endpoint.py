@@ -26,10 +26,14 @@ rollout instance behind the endpoint actor, the bound being the same requests se
 instance directly over Ray; the instance runs one torch thread, as in a job.
 
 Figures are medians over `--repeats`. Writes bench_results/bench_endpoint.json (or --json).
+
+`--abuse` runs the hostile flood of `scripts/_abuse.py` instead (out-of-range seeds, 20 MB bodies,
+non-finite rewards, 200 streams that are never read) and writes bench_endpoint_abuse.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -43,6 +47,7 @@ from typing import Any
 import httpx
 import torch
 import uvicorn
+from _abuse import abuse
 from _bench import parser, table, write
 
 from rlsched.config import EndpointConfig
@@ -292,15 +297,63 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
+def abuse_run(args: argparse.Namespace) -> None:
+    """`--abuse`: the flood of `scripts/_abuse.py` against an endpoint on the checkpoint."""
+    served = local_served(args.checkpoint, model_name="smollm2", max_batch=args.clients)
+    running = start(served, EndpointConfig(port=0, max_waiting=1024))
+    sizes = {"seeds": 100, "bodies": 4, "rewards": 100, "streams": 200}
+    try:
+        url = f"http://{running.host}:{running.port}"
+        httpx.post(
+            f"{url}/v1/chat/completions", json={"model": "smollm2", "messages": messages(0), "max_tokens": 4}
+        )
+        result = abuse(url, "smollm2", sizes)
+        left = {"running": served.backend.running, "waiting": served.backend.waiting}
+    finally:
+        running.stop()
+    health = result["health"]
+    rows = [[kind, str(sizes[kind]), ", ".join(f"{n} x {code}" for code, n in sorted(codes.items()))]
+            for kind, codes in result["codes"].items()]  # fmt: skip
+    table(
+        f"abuse: one flood of {sum(sizes.values())} hostile requests, SmolLM2-135M",
+        ["kind", "sent", "answers"],
+        rows,
+    )
+    print(
+        f"/health over {result['flood_s']} s of flood ({health['probes']} probes): "
+        f"p50 {health['p50_ms']} ms, "
+        f"p99 {health['p99_ms']} ms (goal < 100), max {health['max_ms']} ms; a normal request after the "
+        f"flood: {result['normal_status']} in {result['normal_after_flood_s']} s (goal <= 2); "
+        f"left running {left['running']}, waiting {left['waiting']}"
+    )
+    write(
+        args.json.with_name(args.json.stem + "_abuse.json"),
+        {
+            "workload": {"checkpoint": str(args.checkpoint), "flood": sizes, "hold_s": result["hold_s"],
+                         "machine": platform.processor() or platform.machine()},
+            "seed": args.seed,
+            "result": result,
+            "left": left,
+            "bound": "/health p99 under 100 ms during the flood; a normal request within 2 s of its end",
+        },
+    )  # fmt: skip
+
+
 def main() -> None:
     ap = parser(__doc__, "bench_endpoint")
     ap.add_argument("--checkpoint", type=Path, default=ROOT / "models" / "smollm2-135m-instruct")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--abuse", action="store_true", help="the hostile flood instead (scripts/_abuse.py says what)"
+    )
     args = ap.parse_args()
     if not args.checkpoint.is_dir():
         raise SystemExit(f"{args.checkpoint} is missing: run `make model-smollm2` first")
+    if args.abuse:
+        abuse_run(args)
+        return
     served = local_served(
         args.checkpoint, model_name="smollm2", max_batch=args.clients, prefix_cache_tokens=0
     )

@@ -14,6 +14,9 @@ download: the model is a random-weight Llama of SmolLM2-135M's shape (or `--smal
 3. **Weight load.** The engine loads the model's BF16 safetensors bytes in place, by tensor name
    (median of 3), with the SHA-256 it returns checked against the bytes. Loading bucket by bucket
    as bytes arrive is not built yet; this is the whole-file load it will be compared with.
+4. **CUDA verifier.** Where a CUDA toolkit is found: a kernel compiled and run by the `cuda` verifier,
+   both stages in the sandbox (the run stage with only the GPU's device nodes and no address-space
+   limit), scored against its expected output; a fault names what stopped it.
 """
 
 from __future__ import annotations
@@ -142,6 +145,27 @@ def engine_and_load(args: argparse.Namespace, gpu: bool) -> list[list[object]]:
     return rows
 
 
+KERNEL = """#include <cstdio>
+__global__ void one(int *x) { *x = 1; }
+int main() { int *d, h = 0; cudaMalloc(&d, sizeof(int)); one<<<1, 1>>>(d);
+  cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost); printf("%d\\n", h); return 0; }
+"""
+
+
+def cuda_verifier() -> list[list[object]]:
+    """The cuda kind's two stages, in the sandbox, on this machine's GPU (or its fault)."""
+    from verifiers.cuda import CudaVerifier, find_toolkit, gpu_device_nodes
+    from verifiers.protocol import VerifyRequest
+
+    if find_toolkit() is None:
+        return [["cuda verifier", "skipped", "no CUDA toolkit (nvcc, nvvm/) here", ""]]
+    start = time.perf_counter()
+    outcome = CudaVerifier().verify(VerifyRequest("k", KERNEL, '{"expected_stdout": "1"}'))
+    took = time.perf_counter() - start
+    nodes = ",".join(gpu_device_nodes()) or "none"
+    return [["cuda verifier (sandboxed)", f"{took:.2f} s", f"devices {nodes}", repr(outcome)[:160]]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -159,7 +183,7 @@ def main() -> None:
         raise SystemExit(2)
     where = torch.cuda.get_device_name() if gpu else platform.processor() or "cpu"
     print(f"gpu_check on {where}, torch {torch.__version__}", flush=True)
-    rows = trainer_steps(args, gpu) + engine_and_load(args, gpu)
+    rows = trainer_steps(args, gpu) + engine_and_load(args, gpu) + cuda_verifier()
     width = [max(len(str(r[k])) for r in rows) for k in range(4)]
     print()
     for r in rows:

@@ -9,10 +9,12 @@ Steps, as root:
    forked below is charged to them;
 2. unshare mount, PID, network, IPC and UTS namespaces and fork the namespace's init (PID 1);
 3. init builds a minimal root on a tmpfs: `/usr` and the interpreter (at `/python`) bound read-only,
-   the `/bin`, `/lib*` links, a small `/etc`, a `/dev` of null, zero, full, random and urandom, a
+   the `/bin`, `/lib*` links, a small `/etc`, a `/dev` of null, zero, full, random and urandom (and
+   the devices a verifier asked for, a GPU's), a
    private `/tmp`, `/dev/shm` and `/work`, any extra read-only paths it was given, and the program
    at `/.program/main.py`; remounts it read-only, `pivot_root`s into it, mounts a fresh `/proc`;
-4. init forks the program: rlimits (CPU, address space, file size, open files, processes),
+4. init forks the program: rlimits (CPU, address space unless turned off, file size, open files,
+   processes),
    `setuid` to the run's own uid, `no_new_privs`, `execve`;
 5. init drops to `nobody`, waits for the program, writes its status and resource use to the report
    pipe and exits; the kernel then kills whatever the program left in the namespace.
@@ -46,6 +48,19 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "r
 NOBODY = 65534
 DEVICES = ("null", "zero", "full", "random", "urandom")
 LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# files of /proc that describe the host rather than the run (as Docker masks them): its kernel command
+# line, boot id, load, uptime, and the kernel's own tables
+MASKED_PROC = (
+    "cmdline",
+    "sys/kernel/random/boot_id",
+    "loadavg",
+    "uptime",
+    "kcore",
+    "keys",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+)
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -93,8 +108,9 @@ def build_root(o: dict[str, Any]) -> None:
             os.mkdir(f"{root}/{name}")
             bind_read_only(host, f"{root}/{name}")
     bind_read_only("/usr", f"{root}/usr")
-    if os.path.isdir(f"{root}/usr/local"):  # the host's own installs: not the program's runtime
-        tmpfs(f"{root}/usr/local", 1, 0o755, MS_RDONLY)
+    local = f"{root}/usr/local"
+    if os.path.isdir(local):  # the host's own installs: not the program's runtime (read-only below)
+        tmpfs(local, 1, 0o755)
     bind_read_only(o["python_prefix"], f"{root}/python")
     site = f"{root}/python/{o['site_packages']}"
     if os.path.isdir(site):  # the standard library only: the base interpreter's installs are masked
@@ -107,7 +123,9 @@ def build_root(o: dict[str, Any]) -> None:
         else:
             touch(target)
         bind_read_only(host, target)
-    build_dev(f"{root}/dev", o["shm_mb"])
+    if os.path.isdir(local):  # after the binds, which may lie below it (a CUDA toolkit)
+        mount(None, local, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m")
+    build_dev(f"{root}/dev", o["shm_mb"], o["devices"])
     build_etc(f"{root}/etc", o["uid"])
     tmpfs(f"{root}/tmp", o["tmp_mb"], 0o1777)
     if o["work"]:  # an episode's directory, kept by the host between executions
@@ -123,9 +141,10 @@ def build_root(o: dict[str, Any]) -> None:
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=8m")
 
 
-def build_dev(dev: str, shm_mb: int) -> None:
+def build_dev(dev: str, shm_mb: int, extra: list[str]) -> None:
+    """The run's `/dev`: the five harmless nodes, and the devices a verifier asked for (a GPU's)."""
     tmpfs(dev, 1, 0o755)
-    for name in DEVICES:
+    for name in (*DEVICES, *extra):
         if os.path.exists(f"/dev/{name}"):
             touch(f"{dev}/{name}")
             mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
@@ -164,6 +183,9 @@ def enter_root(o: dict[str, Any]) -> None:
     check(libc.umount2(b".", MNT_DETACH), "detach the host's root")
     os.chdir("/")
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in MASKED_PROC:  # what describes the host, not the run: /dev/null over it
+        if os.path.isfile(f"/proc/{name}"):
+            mount("/dev/null", f"/proc/{name}", None, MS_BIND)
     check(libc.sethostname(b"sandbox", 7), "sethostname")
 
 
@@ -185,7 +207,7 @@ def become_program(o: dict[str, Any], errors: list[int]) -> None:
     mb = 1 << 20
     for what, value in (
         (resource.RLIMIT_CPU, lim["cpu_s"]),
-        (resource.RLIMIT_AS, lim["memory_mb"] * mb),
+        (resource.RLIMIT_AS, lim["address_space_mb"] * mb if lim["address_space_mb"] else -1),
         (resource.RLIMIT_FSIZE, lim["file_mb"] * mb),
         (resource.RLIMIT_NOFILE, lim["open_files"]),
         (resource.RLIMIT_NPROC, lim["processes"]),
@@ -209,8 +231,9 @@ def become_program(o: dict[str, Any], errors: list[int]) -> None:
 
 
 # System calls the program is refused (EPERM): kernel keyrings, which outlive a run in the per-uid
-# keyring and would carry a message to the next run of that uid, and new namespaces (user
-# namespaces would let it mount a read-only cgroup or proc of its own). clone3 is ENOSYS, so the C
+# keyring and would carry a message to the next run of that uid, new namespaces (user namespaces
+# would let it mount a read-only cgroup or proc of its own), io_uring, and netlink and vsock sockets
+# (closer to Docker's default profile). clone3 is ENOSYS, so the C
 # library falls back to clone, whose flags a filter can read; x32 and foreign-arch calls are ENOSYS.
 SYSCALLS = {
     "x86_64": {
@@ -222,6 +245,11 @@ SYSCALLS = {
         "setns": 308,
         "clone": 56,
         "clone3": 435,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "socket": 41,
+        "socketpair": 53,
     },
     "aarch64": {
         "arch": 0xC00000B7,
@@ -232,31 +260,63 @@ SYSCALLS = {
         "setns": 268,
         "clone": 220,
         "clone3": 435,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "socket": 198,
+        "socketpair": 199,
     },
 }
 CLONE_NAMESPACES = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+# refused outright (EPERM); io_uring: a second system-call interface the filter cannot see into
+REFUSED = (
+    "add_key",
+    "request_key",
+    "keyctl",
+    "unshare",
+    "setns",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+)
+AF_NETLINK, AF_VSOCK = 16, 40  # socket families refused: the kernel's own interfaces, the hypervisor's
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 RET_ALLOW, RET_EPERM, RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
 
 
 def seccomp_program(n: dict[str, int]) -> list[tuple[int, int, int, int]]:
-    """The BPF filter: (code, jump if true, jump if false, k) per instruction."""
+    """The BPF filter: (code, jump if true, jump if false, k) per instruction; a string in the list
+    below names the instruction after it, as a jump target."""
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    code: list[tuple[int, str | None, str | None, int]] = [
+    code: list[tuple[int, str | None, str | None, int] | str] = [
         (ld, None, None, 4),  # seccomp_data.arch
         (jeq, None, "enosys", n["arch"]),
         (ld, None, None, 0),  # seccomp_data.nr
         (jge, "enosys", None, 0x40000000),  # the x32 ABI
-        *((jeq, "eperm", None, n[name]) for name in ("add_key", "request_key", "keyctl", "unshare", "setns")),
+        *((jeq, "eperm", None, n[name]) for name in REFUSED),
         (jeq, "enosys", None, n["clone3"]),
+        (jeq, "family", None, n["socket"]),
+        (jeq, "family", None, n["socketpair"]),
         (jeq, None, "allow", n["clone"]),
         (ld, None, None, 16),  # the low word of args[0]: clone's flags
         (jset, "eperm", "allow", CLONE_NAMESPACES),
+        "family",
+        (ld, None, None, 16),  # the low word of args[0]: the socket's family
+        (jeq, "eperm", None, AF_NETLINK),
+        (jeq, "eperm", "allow", AF_VSOCK),
     ]
-    labels = {"allow": len(code), "eperm": len(code) + 1, "enosys": len(code) + 2}
+    labels: dict[str, int] = {}
+    instructions: list[tuple[int, str | None, str | None, int]] = []
+    for entry in code:
+        if isinstance(entry, str):
+            labels[entry] = len(instructions)
+        else:
+            instructions.append(entry)
+    end = len(instructions)
+    labels |= {"allow": end, "eperm": end + 1, "enosys": end + 2}
     out = [
         (c, labels[t] - i - 1 if t else 0, labels[f] - i - 1 if f else 0, k)
-        for i, (c, t, f, k) in enumerate(code)
+        for i, (c, t, f, k) in enumerate(instructions)
     ]
     return [*out, (ret, 0, 0, RET_ALLOW), (ret, 0, 0, RET_EPERM), (ret, 0, 0, RET_ENOSYS)]
 

@@ -17,12 +17,16 @@ modules or builtins, printing a verdict line: none of these changes what the hos
 number of tests comes from the reference, never from the program. One limit of this shape: a
 solution's mutations of its arguments do not reach the host (the arguments are copies).
 
-The contract decides what a timeout means. A solution must finish within its time limit, so a
-solution that hangs, exhausts memory or crashes is a wrong answer (reward 0), not a fault. The
-verifier faults only when it cannot judge: the sandbox itself failed (or refused to run with the
-isolation it was asked for), or the reference is malformed. Time limits are adaptive per key
-(`rlsched.policy.timeouts`, RollPacker's rule): correct runs raise the key's anchor, and a run is
-stopped at `min(max(floor, 1.5 x anchor), cap)`.
+The contract decides what a timeout means. A solution must finish within its time limit (the cap of
+`verifier.timeout`), so a solution that runs past it, hangs, exhausts memory or crashes is a wrong
+answer (reward 0), as code benchmarks score a time limit exceeded. Runs are stopped earlier by an
+adaptive timeout per key (`rlsched.policy.timeouts`, RollPacker's rule: correct runs raise the key's
+anchor, and a run is stopped at `min(max(floor, 1.5 x anchor), cap)`); a run stopped there, below the
+limit, is an execution fault, since a correct but slow run must not score 0: the pool retries it with
+the whole limit. The pool sets both on the request (`timeout_s`, `limit_s`) and kills the worker only
+a grace period later, so the sandbox's own stop is what ends a run. The verifier also faults when it
+cannot judge: the sandbox itself failed (or refused to run with the isolation it was asked for), or
+the reference is malformed.
 """
 
 from __future__ import annotations
@@ -185,7 +189,7 @@ class CodeVerifier:
             return self._fault(request, FaultKind.CRASH, f"reference is not {{'tests': [...]}} JSON: {err}")
         if not tests:
             return self._fault(request, FaultKind.CRASH, "reference has no tests")
-        timeout = self.timeouts.timeout(key)
+        timeout, limit = self._times(request, key)
         limits = replace(self.limits, timeout_s=timeout, cpu_s=max(1, int(timeout) + 1))
         with Sandbox.create(self.policy, persistent=False) as box:
             run = box.start(server_program(solution_of(request.text)), limits=limits, channel=True)
@@ -196,11 +200,25 @@ class CodeVerifier:
         if result.outcome is Run.ERROR:
             detail = (result.error or result.stderr)[:300]
             return self._fault(request, FaultKind.RESOURCES, f"sandbox: {detail}")
+        if passed < len(tests) and result.outcome is Run.TIMEOUT and timeout < limit:
+            detail = (
+                f"stopped by the adaptive timeout at {timeout:.3g} s, below the time limit of "
+                f"{limit:.3g} s: a slow but correct run must not score 0, so it is retried to the limit"
+            )
+            return self._fault(request, FaultKind.TIMEOUT, detail)
         if passed < len(tests) and result.outcome in (Run.TIMEOUT, Run.MEMORY):
             first = _limit_detail(result, timeout, limits) + (f"; {first}" if first else "")
         if passed == len(tests):
             self.timeouts.correct_run(key, min(judged_s, result.wall_s))
         return Verdict(request.sample_id, passed / len(tests), passed == len(tests), first)
+
+    def _times(self, request: VerifyRequest, key: str) -> tuple[float, float]:
+        """This attempt's timeout and the time limit: the pool's (it sets both on the request), else
+        this verifier's own table's (a direct call: an evaluation, a test)."""
+        if request.timeout_s is not None:
+            limit = request.limit_s if request.limit_s is not None else request.timeout_s
+            return request.timeout_s, max(limit, request.timeout_s)
+        return self.timeouts.timeout(key), self.timeouts.limit
 
     @staticmethod
     def _judge(run: Running, tests: list[str]) -> tuple[int, str]:

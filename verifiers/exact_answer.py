@@ -12,6 +12,7 @@ from verifiers.protocol import Outcome, Verdict, VerifyRequest
 
 class ExactAnswerVerifier:
     name = "exact_answer"
+    reference_is_data = True  # compared with, never run
 
     def verify(self, request: VerifyRequest) -> Outcome:
         if not isinstance(request.text, str) or not isinstance(request.reference, str):

@@ -13,8 +13,17 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from rlsched.policy.timeouts import TimeoutParams
 from verifiers.exact_answer import ExactAnswerVerifier
-from verifiers.protocol import ExecutionFault, Outcome, Verdict, Verifier, VerifyRequest
+from verifiers.protocol import (
+    UNIT_REWARDS,
+    ExecutionFault,
+    Outcome,
+    RewardRange,
+    Verdict,
+    Verifier,
+    VerifyRequest,
+)
 from verifiers.sandbox import SandboxPolicy
 
 SHIPPED = ("exact_answer", "math", "math_strict", "code", "synthetic", "cuda")
@@ -41,8 +50,11 @@ class _FunctionVerifier:
         )
 
 
-def load_verifier(spec: str, sandbox: SandboxPolicy | None = None) -> Verifier:
-    """The verifier a spec names; `sandbox` is the policy of the kinds that run untrusted code."""
+def load_verifier(
+    spec: str, sandbox: SandboxPolicy | None = None, timeouts: TimeoutParams | None = None
+) -> Verifier:
+    """The verifier a spec names; `sandbox` is the policy of the kinds that run untrusted code and
+    `timeouts` (`verifier.timeout`) their time limits when they are called without a pool's."""
     match spec:
         case "exact_answer":
             return ExactAnswerVerifier()
@@ -53,7 +65,7 @@ def load_verifier(spec: str, sandbox: SandboxPolicy | None = None) -> Verifier:
         case "code":
             from verifiers.code import CodeVerifier
 
-            return CodeVerifier(policy=sandbox)
+            return CodeVerifier(policy=sandbox, timeouts=timeouts)
         case "synthetic":
             from verifiers.synthetic import SyntheticVerifier
 
@@ -61,7 +73,7 @@ def load_verifier(spec: str, sandbox: SandboxPolicy | None = None) -> Verifier:
         case "cuda":
             from verifiers.cuda import CudaVerifier
 
-            return CudaVerifier()
+            return CudaVerifier(policy=sandbox)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise VerifierSpecError(
@@ -98,13 +110,21 @@ def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
 class VerifierSet:
     """Verifiers by spec, loaded on first use: a sample's metadata may name its own kind."""
 
-    def __init__(self, default: str, sandbox: SandboxPolicy | None = None) -> None:
+    def __init__(
+        self,
+        default: str,
+        sandbox: SandboxPolicy | None = None,
+        rewards: RewardRange = UNIT_REWARDS,
+        timeouts: TimeoutParams | None = None,
+    ) -> None:
         self.default = default
         self.sandbox = sandbox
+        self.timeouts = timeouts
+        self.rewards = rewards  # the task's: a verdict outside it is a fault (`run_stage`)
         self._loaded: dict[str, Verifier] = {}
 
     def get(self, spec: str | None = None) -> Verifier:
         key = spec or self.default
         if key not in self._loaded:
-            self._loaded[key] = load_verifier(key, self.sandbox)
+            self._loaded[key] = load_verifier(key, self.sandbox, self.timeouts)
         return self._loaded[key]

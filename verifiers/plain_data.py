@@ -48,13 +48,17 @@ def encode(value: Any, depth: int = 0) -> Any:
 
 
 MAX_NODES = 200_000  # values in one decoded reply: more is refused, not built
+# comparisons that building a reply's sets and dicts may cost, counted from their items' hashes before
+# any is built: k items sharing a hash cost k(k-1)/2 (each one compared with those before it)
+MAX_COLLISION_WORK = 1_000_000
 
 
 def decode(data: Any) -> Any:
-    """Fresh built-in values from `encode`'s output. Refuses more than MAX_NODES values and any set
-    or dict whose items mostly share a hash (a crafted set of colliding ints would take the host
-    minutes to build)."""
-    return _decode(data, [MAX_NODES])
+    """Fresh built-in values from `encode`'s output, within a budget of total work: at most
+    MAX_NODES values, and sets and dicts whose hash collisions cost at most MAX_COLLISION_WORK
+    comparisons in all (a crafted set of colliding ints, half of them sharing one hash, took the host
+    18 s to build). Past either, NotPlainData, before the expensive part is done."""
+    return _decode(data, [MAX_NODES, MAX_COLLISION_WORK])
 
 
 def _decode(data: Any, budget: list[int]) -> Any:
@@ -74,12 +78,12 @@ def _decode(data: Any, budget: list[int]) -> Any:
             return tuple(_decode(v, budget) for v in inner)
         case "dict":
             pairs = [(_decode(k, budget), _decode(v, budget)) for k, v in inner]
-            _spread([k for k, _ in pairs])
+            _spread([k for k, _ in pairs], budget)
             return dict(pairs)
         case "set":
-            return set(_spread([_decode(v, budget) for v in inner]))
+            return set(_spread([_decode(v, budget) for v in inner], budget))
         case "frozenset":
-            return frozenset(_spread([_decode(v, budget) for v in inner]))
+            return frozenset(_spread([_decode(v, budget) for v in inner], budget))
         case "bytes":
             return bytes.fromhex(inner)
         case "complex":
@@ -89,10 +93,17 @@ def _decode(data: Any, budget: list[int]) -> Any:
     raise NotPlainData(f"unknown tag {tag!r}")
 
 
-def _spread(items: list[Any]) -> list[Any]:
-    """The items, if their hashes are spread enough to build a set or dict of them in linear time."""
-    if len(items) > 64 and len({hash(i) for i in items}) < len(items) // 2:
-        raise NotPlainData(f"{len(items)} items whose hashes mostly collide")
+def _spread(items: list[Any], budget: list[int]) -> list[Any]:
+    """The items, if building a set or dict of them stays within the reply's collision budget."""
+    shared: dict[int, int] = {}
+    for item in items:
+        h = hash(item)
+        shared[h] = shared.get(h, 0) + 1
+    budget[1] -= sum(k * (k - 1) // 2 for k in shared.values() if k > 1)
+    if budget[1] < 0:
+        raise NotPlainData(
+            f"{len(items)} items whose hash collisions would cost more than {MAX_COLLISION_WORK} comparisons"
+        )
     return items
 
 

@@ -9,6 +9,7 @@ wrong answer teaches the policy that correct answers are bad.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +23,17 @@ class VerifyRequest:
     text: str
     reference: str
     attempt: int = 0
+    # set by the pool that dispatched it (None: the verifier's own defaults): when to stop this
+    # attempt (the adaptive timeout), and the task's time limit, past which an answer is wrong
+    timeout_s: float | None = None
+    limit_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The answer was judged. `reward` is in [0, 1]; `correct` says whether it matched exactly."""
+    """The answer was judged. `reward` is finite and in the task's range (`RewardRange`, [0, 1] unless
+    the task declares another: `run_stage` makes any other reward a fault); `correct` says whether it
+    matched exactly."""
 
     sample_id: str
     reward: float
@@ -60,6 +67,36 @@ Outcome = Verdict | ExecutionFault
 
 
 @dataclass(frozen=True)
+class RewardRange:
+    """The rewards a task's verifier may give (`task.reward_range`): finite numbers from `low` to
+    `high`. A reward outside it never reaches training: from a verifier it becomes a fault, from an
+    endpoint's client a 4xx."""
+
+    low: float = 0.0
+    high: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise ValueError(
+                f"a reward range is two finite numbers, low below high; got [{self.low}, {self.high}]"
+            )
+
+    def problem(self, reward: object) -> str | None:
+        """Why `reward` cannot be trained on (a message naming the rule), or None."""
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            return f"reward {reward!r} is not a number"
+        if not math.isfinite(reward):
+            return f"reward {reward} is not a finite number"
+        if not self.low <= reward <= self.high:
+            bounds = f"[{self.low:g}, {self.high:g}]"
+            return f"reward {reward:g} is outside the task's reward range {bounds} (task.reward_range)"
+        return None
+
+
+UNIT_REWARDS = RewardRange()  # [0, 1]: every task's unless it declares another
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A two-stage verifier's CPU stage is done; `payload` (a compiled binary, say) goes to its GPU
     stage, which runs on a worker holding a device of its own."""
@@ -89,14 +126,22 @@ def is_two_stage(verifier: Verifier) -> bool:
 
 
 def run_stage(
-    verifier: Verifier, request: VerifyRequest, call: Callable[[], Outcome | Prepared]
+    verifier: Verifier,
+    request: VerifyRequest,
+    call: Callable[[], Outcome | Prepared],
+    rewards: RewardRange = UNIT_REWARDS,
 ) -> Outcome | Prepared:
     """One stage of a two-stage verifier, with `run_verifier`'s guarantees: a missing reference is an
-    INPUT fault, an exception an `ExecutionFault`, never a zero reward."""
+    INPUT fault, an exception an `ExecutionFault`, never a zero reward, and a reward that is not a
+    finite number in `rewards` a CRASH fault (a verifier's bug: it never reaches training)."""
     if (fault := missing_reference(verifier, request)) is not None:
         return fault
     try:
-        return call()
+        out = call()
+        if isinstance(out, Verdict) and (problem := rewards.problem(out.reward)) is not None:
+            detail = f"{verifier.name}: {problem}; a verifier's rewards must lie in the task's range"
+            return ExecutionFault(request.sample_id, FaultKind.CRASH, detail, request.attempt)
+        return out
     except MemoryError as err:
         return ExecutionFault(
             request.sample_id, FaultKind.RESOURCES, f"{verifier.name}: {err!r}", request.attempt
@@ -123,12 +168,29 @@ def missing_reference(verifier: Verifier, request: VerifyRequest) -> ExecutionFa
     )
 
 
-def run_verifier(verifier: Verifier, request: VerifyRequest) -> Outcome:
-    """Call a verifier in-process; an exception becomes an `ExecutionFault`, never a zero reward,
-    and a sample without a reference an INPUT fault without calling the verifier at all."""
-    out = run_stage(verifier, request, lambda: verifier.verify(request))
+def run_verifier(verifier: Verifier, request: VerifyRequest, rewards: RewardRange = UNIT_REWARDS) -> Outcome:
+    """Call a verifier in-process; an exception becomes an `ExecutionFault`, never a zero reward, a
+    reward outside `rewards` a fault, and a sample without a reference an INPUT fault without calling
+    the verifier at all."""
+    out = run_stage(verifier, request, lambda: verifier.verify(request), rewards)
     assert not isinstance(out, Prepared)
     return out
+
+
+def client_reference_refusal(verifier: Verifier) -> str | None:
+    """Why a reference sent by an endpoint's client may not reach this verifier, or None when it may.
+
+    A reference is what the verifier judges against. Kinds that only compare with it (exact_answer,
+    math) declare `reference_is_data = True`; kinds that run what it holds (code's tests, cuda's
+    harness, synthetic's time to spend) do not, nor does a researcher's own kind until it declares so:
+    a client's reference there would run as code, or hold a worker, on the job's machines."""
+    if getattr(verifier, "reference_is_data", False):
+        return None
+    return (
+        f"the job's verifier '{verifier.name}' runs what a reference holds, so it takes references "
+        "only from the job's own task; send the episode's reward (POST /v1/episodes/ID/reward) "
+        "instead, or use a verifier that declares reference_is_data = True"
+    )
 
 
 def fenced_code(text: str, languages: tuple[str, ...]) -> str:

@@ -122,6 +122,7 @@ class Sandbox:
         os.chmod(self.host_dir, 0o711)
         self._alive = _hold(self.host_dir / ALIVE)  # free once this process is gone: `sweep_orphans`
         self.work: Path | None = None
+        self.work_mb = 64  # the work directory's size, and the most `save_work` archives
         self.work_mounted = False
         self.executions = 0
         self.cpu_s = 0.0
@@ -137,6 +138,7 @@ class Sandbox:
         caps: Capabilities | None = None,
     ) -> Sandbox:
         box = cls(policy or SandboxPolicy(), persistent, caps or capabilities())
+        box.work_mb = work_mb
         if persistent or box.caps.namespaces is not None:
             box._make_work(work_mb)
         return box
@@ -220,9 +222,18 @@ class Sandbox:
     def save_work(self) -> bytes:
         """The work directory as a tar archive, kept outside the environment (links are stored as
         links, never followed): what `restore_work` puts into a new one, so an environment can be
-        released between tool calls and rebuilt with the files its episode left."""
+        released between tool calls and rebuilt with the files its episode left. ValueError when its
+        files would archive to more than the environment's size (`work_mb`): a sparse file of 0
+        bytes on the tmpfs once became 256 MiB of archive in the host's memory."""
         if self.work is None:
             raise ValueError("this sandbox has no work directory to save (persistent=False)")
+        data = _file_bytes(self.work)
+        if data > self.work_mb << 20:
+            raise ValueError(
+                f"the work directory's files hold {data / (1 << 20):.0f} MB of data, more than the "
+                f"environment's {self.work_mb} MB (a sparse file counts at its full size, which an "
+                "archive would store): not saved"
+            )
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w") as tar:
             for entry in sorted(self.work.iterdir()):
@@ -284,13 +295,10 @@ class Sandbox:
         }
 
 
-def _used_bytes(path: Path, mounted: bool) -> int:
-    """Bytes in a work directory: its tmpfs's own count, or (a plain directory) a walk that no depth
-    of nesting can overflow."""
-    if mounted:
-        stats = os.statvfs(path)
-        return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
-    total, pending = 0, [str(path)]
+def _file_bytes(root: Path) -> int:
+    """The bytes an archive of `root` would hold: every regular file at its apparent size (links not
+    followed), so a sparse file of 0 bytes on disk counts as what its holes would become."""
+    total, pending = 0, [str(root)]
     while pending:
         with contextlib.suppress(OSError), os.scandir(pending.pop()) as entries:
             for entry in entries:
@@ -299,6 +307,15 @@ def _used_bytes(path: Path, mounted: bool) -> int:
                 elif entry.is_file(follow_symlinks=False):
                     total += entry.stat(follow_symlinks=False).st_size
     return total
+
+
+def _used_bytes(path: Path, mounted: bool) -> int:
+    """Bytes in a work directory: its tmpfs's own count, or (a plain directory) a walk that no depth
+    of nesting can overflow."""
+    if mounted:
+        stats = os.statvfs(path)
+        return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    return _file_bytes(path)
 
 
 def _hold(lock: Path) -> int:
@@ -394,7 +411,9 @@ def _start(
         "tmp_mb": limits.tmp_mb,
         "shm_mb": max(1, limits.tmp_mb // 4),
         "uid": uid if caps.per_run_uid else None,
-        "limits": {name: getattr(limits, name) for name in _RLIMITS},
+        "limits": {name: getattr(limits, name) for name in _RLIMITS}
+        | {"address_space_mb": limits.memory_mb if limits.limit_address_space else 0},
+        "devices": list(policy.devices),
         "program": program if namespaces else None,
         "argv": argv,
         "cwd": "/work" if namespaces else str(work),

@@ -8,6 +8,7 @@ Kept apart from `verifiers.sandbox` (which builds the root and starts the run) a
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -36,13 +37,16 @@ class Isolation(StrEnum):
 class SandboxLimits:
     timeout_s: float = 10.0  # wall clock
     cpu_s: int = 10
-    memory_mb: int = 512  # the run's cgroup, and the address space of each process
+    memory_mb: int = 512  # the run's cgroup, and the address space of each process (unless below)
     file_mb: int = 16  # largest file it may write
     open_files: int = 64
     processes: int = 32  # processes and threads of the run at once
     output_bytes: int = 64 * 1024  # kept of stdout and of stderr each
     work_mb: int = 64  # the writable /work
     tmp_mb: int = 64  # /tmp (and /dev/shm: a quarter of it)
+    # each process's address space held to memory_mb; off for CUDA, whose runtime reserves terabytes
+    # of virtual addresses (the cgroup still bounds the memory used)
+    limit_address_space: bool = True
 
     def __post_init__(self) -> None:
         numbers = (self.cpu_s, self.memory_mb, self.open_files, self.processes, self.work_mb, self.tmp_mb)
@@ -54,6 +58,7 @@ class SandboxLimits:
 class SandboxPolicy:
     isolation: Isolation | None = None  # None: strict where the machine allows it, else best effort
     read_only: tuple[tuple[str, str], ...] = ()  # extra (host path, path inside) bound read-only
+    devices: tuple[str, ...] = ()  # device nodes of the host's /dev the run may open (a GPU's)
 
     @classmethod
     def from_specs(cls, isolation: Isolation | None, specs: Sequence[str]) -> SandboxPolicy:
@@ -64,6 +69,12 @@ class SandboxPolicy:
 
     def check(self) -> str | None:
         """Why this policy cannot be applied (a message naming the fix), or None."""
+        for name in self.devices:
+            path = f"/dev/{name}"
+            if "/" in name or name in ("", ".", "..") or not os.path.exists(path):
+                return f"device {name!r} is not a node of /dev: name one such as nvidia0"
+            if not stat.S_ISCHR(os.stat(path).st_mode):
+                return f"{path} is not a character device; only those can be passed to a run"
         for host, inside in self.read_only:
             if not os.path.exists(host):
                 return f"read-only path {host} does not exist: create it, or stop asking for it"

@@ -398,14 +398,17 @@ class VerifyPoolCore:
             slot.to(SlotState.BUSY)
             slot.last_heard, slot.asked = at, False
         key = f"{task.kind}/{task.key}"
-        timeout = self.timeouts.timeout(key)
+        limit = self.timeouts.limit
+        # a retry runs to the limit: an adaptive stop below it may have cut a correct but slow run
+        timeout = self.timeouts.timeout(key) if task.attempt == 0 else limit
         run = self.runs[task.task_id] = _Run(task, worker, gang, at, timeout, key)
         self.on_worker[worker] = task.task_id
         run.to(VerifyState.RUNNING)
-        self._out.append(StartRun(task, worker, gang, timeout))
-        heapq.heappush(self._timers, (at + timeout, next(self._seq), _Timer.TIMEOUT, run))
-        if at + timeout < self._soonest:
-            self._soonest = at + timeout
+        self._out.append(StartRun(task, worker, gang, timeout, limit))
+        due = at + timeout + self.params.grace_s
+        heapq.heappush(self._timers, (due, next(self._seq), _Timer.TIMEOUT, run))
+        if due < self._soonest:
+            self._soonest = due
         if task.key and self.params.learn:  # look again once it has run what its kind usually takes
             self._timer(at + max(self.estimator.overdue_after(task.kind), 1e-6), _Timer.OVERDUE, run)
 

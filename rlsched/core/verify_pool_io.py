@@ -7,6 +7,7 @@ and the core's module holds nothing but its state and rules.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -42,6 +43,9 @@ class PoolParams:
     heartbeats: Heartbeats | None = None  # None: workers are never asked (the simulator's never fall silent)
     scaling: Scaling | None = None
     learn: bool = True  # feed the estimator (off where nothing reads it: fifo without scaling)
+    # seconds past a run's timeout before the worker is killed: a sandboxed verifier stops the run
+    # at the timeout itself and needs a moment to report (the simulator's runs report at once)
+    grace_s: float = 0.0
     name: str = "verifier"  # workers are named `{name}-{n}`
 
 
@@ -131,7 +135,8 @@ class StartRun:
     task: PendingVerification
     worker: WorkerId
     gang: tuple[WorkerId, ...]
-    timeout_s: float
+    timeout_s: float  # this attempt's stop: the adaptive timeout, or on a retry the limit
+    limit_s: float = math.inf  # the task's time limit: a run stopped there is a wrong answer
 
 
 @dataclass(slots=True)

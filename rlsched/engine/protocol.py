@@ -9,6 +9,7 @@ saved output: its prompt plus the tokens an earlier, reclaimed instance had gene
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +30,10 @@ class FinishReason(StrEnum):
     ABORT = "abort"  # aborted by id; the tokens so far are kept so the request can resume
 
 
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch's generators take (int64 or uint64)
+INDEX_MAX = (1 << 31) - 1  # counts that become tensor sizes or indices
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling knobs, with vLLM's meanings: temperature 0 is greedy, top_k 0 and top_p 1 are off."""
@@ -45,20 +50,27 @@ class SamplingParams:
     top_logprobs: int = 0  # per sampled token, report the raw log-probs of this many likeliest tokens
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a 64-bit integer, in [{SEED_MIN}, {SEED_MAX}]; got {self.seed}")
+        if not 0 <= self.top_k <= INDEX_MAX:
+            raise ValueError(f"top_k must be in [0, {INDEX_MAX}] (0 means off)")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0 (0 means greedy)")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (0 means off)")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
         if not 0 <= self.min_p <= 1:
             raise ValueError("min_p must be in [0, 1]")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0 (1 means off)")
-        if self.top_logprobs < 0:
-            raise ValueError("top_logprobs must be >= 0")
+        if not 0 <= self.top_logprobs <= INDEX_MAX:
+            raise ValueError(f"top_logprobs must be in [0, {INDEX_MAX}]")
+        if not 1 <= self.max_tokens <= INDEX_MAX:
+            raise ValueError(f"max_tokens must be in [1, {INDEX_MAX}]")
 
     @property
     def greedy(self) -> bool:

@@ -126,7 +126,7 @@ def top_logprobs(
 ) -> list[tuple[tuple[int, float], ...]]:
     """Per row, the raw log-probs of its `want` likeliest tokens (none where 0); `norm` is each
     row's log-normaliser."""
-    k = max(want, default=0)
+    k = min(max(want, default=0), logits.shape[-1])  # no more than the vocabulary has
     if k == 0:
         return [()] * len(want)
     values, ids = logits.topk(k, dim=-1)

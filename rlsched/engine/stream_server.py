@@ -3,8 +3,12 @@
 One thread drives `TorchRolloutEngine.serve` over an open `Intake`, so requests join the running
 batch between two decoding steps (continuous batching), lowest `priority` first. Each request names
 a `deliver` callback, called on the engine's thread with each step's tokens for it (a list of
-`TokenEvent`), then its `Sample`; an exception instead if the serving loop fails. A request withdrawn
-before it ran gets `Withdrawn`; one aborted while running finishes at the next step (ABORT).
+`TokenEvent`), then its `Sample`; an exception instead if the serving loop fails while it runs. A
+request withdrawn before it ran gets `Withdrawn`; one aborted while running finishes at the next step
+(ABORT). Bad input never stops the engine: what a request carries is checked when it is submitted
+(`TorchRolloutEngine.check`, on the caller's thread), and should the loop still fail, only the
+requests it was running get the exception; those waiting are served by a fresh loop (`failures`
+counts such failures).
 
 Both places that serve one request at a time use it: the endpoint's in-process backend
 (`rlsched.serve.backend.LocalEngine`, which hops each event onto its asyncio loop) and a rollout
@@ -43,7 +47,8 @@ class StreamServer:
         self._deliver: dict[RequestId, Deliver] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self.failures = 0  # serving loops that failed (their running requests got the exception)
+        engine.on_request_error = self._failed_alone
 
     @property
     def waiting(self) -> int:
@@ -61,15 +66,11 @@ class StreamServer:
 
     def submit(self, req: GenerationRequest, priority: int, deliver: Deliver) -> None:
         """Queue `req`; raises `RequestRejected` for one the engine cannot run, `EngineStopped`
-        once the serving loop has failed or been closed."""
-        if self._failed is not None:
-            raise EngineStopped(f"the engine stopped: {self._failed}")
+        once the server has been closed."""
         self.engine.check(req)
         with self._lock:
             self._deliver[req.request_id] = deliver
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-                self._thread.start()
+            self._start_loop()
         try:
             self._intake.put(req, priority)
         except IntakeClosed as err:
@@ -93,6 +94,12 @@ class StreamServer:
             self._thread.join(timeout=30)
 
     # -- the engine thread ------------------------------------------------------------------------
+    def _start_loop(self) -> None:
+        """A serving loop, unless one runs (called with the lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+            self._thread.start()
+
     def _run(self) -> None:
         try:
             for sample in self.engine.serve(self._intake, self._on_tokens):
@@ -100,13 +107,27 @@ class StreamServer:
                     deliver = self._deliver.pop(sample.request_id, None)
                 if deliver is not None:
                     deliver(sample)
-        except BaseException as err:  # every waiting request is told, then it is logged
-            log.exception("the engine's serving loop failed")
-            self._failed = err
+        except BaseException as err:  # the running requests are told; the waiting ones served anew
+            log.exception("the engine's serving loop failed: its running requests fail, the rest go on")
+            waiting = {r.request_id for r in self._intake.pending()}
             with self._lock:
-                delivers, self._deliver = self._deliver, {}
-            for deliver in delivers.values():
+                failed = [(rid, d) for rid, d in self._deliver.items() if rid not in waiting]
+                for rid, _ in failed:
+                    del self._deliver[rid]
+                self.failures += 1
+                self._thread = None
+                if self._deliver and self._intake.open:
+                    self._start_loop()
+            for _, deliver in failed:
                 deliver(err)
+
+    def _failed_alone(self, request_id: RequestId, err: BaseException) -> None:
+        """A request the engine could not admit: it gets the exception, the batch goes on."""
+        log.warning("request %s could not be admitted: %r", request_id, err)
+        with self._lock:
+            deliver = self._deliver.pop(request_id, None)
+        if deliver is not None:
+            deliver(err)
 
     def _on_tokens(self, events: Sequence[TokenEvent]) -> None:
         by_request: dict[RequestId, list[TokenEvent]] = defaultdict(list)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,9 @@ class TorchRolloutEngine:
         self._generator = torch.Generator().manual_seed(seed)
         self._aborted: set[RequestId] = set()
         self._events: TokenSink | None = None  # the running serve's token sink
+        # a serve's hook for a request that cannot be admitted: it fails alone, the batch goes on
+        # (None: the exception ends the call, as `generate`'s caller expects)
+        self.on_request_error: Callable[[RequestId, BaseException], None] | None = None
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks and use_cache else None
         self._lock = threading.Lock()
         self._step = threading.RLock()  # held around each forward: a staged version swaps in between
@@ -292,7 +295,9 @@ class TorchRolloutEngine:
 
     def _admit(self, reqs: list[GenerationRequest], live: list[_Row]) -> Iterator[Sample]:
         """Prefill newcomers into the rows after the live ones; each takes its first token."""
-        rows = [self._new_row(r) for r in reqs]
+        reqs, rows = self._rows_for(reqs)
+        if not reqs:
+            return
         prefixes = [(*r.prompt_ids, *r.resume_ids) for r in reqs]
         first: dict[tuple[int, ...], int] = {}
         for i, p in enumerate(prefixes):
@@ -507,6 +512,20 @@ class TorchRolloutEngine:
             if i < len(live):
                 cache.copy_row(len(live), i, moved.end)
                 live[i] = moved
+
+    def _rows_for(self, reqs: list[GenerationRequest]) -> tuple[list[GenerationRequest], list[_Row]]:
+        """A row for each request; one whose row cannot be made is handed to `on_request_error`."""
+        kept: list[GenerationRequest] = []
+        rows: list[_Row] = []
+        for req in reqs:
+            try:
+                rows.append(self._new_row(req))
+                kept.append(req)
+            except Exception as err:
+                if self.on_request_error is None:
+                    raise
+                self.on_request_error(req.request_id, err)
+        return kept, rows
 
     def _new_row(self, req: GenerationRequest) -> _Row:
         gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None

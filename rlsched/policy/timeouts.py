@@ -79,3 +79,8 @@ class TimeoutTable:
 
     def timeout(self, key: str) -> float:
         return self._timeouts.get(key, self._no_anchor)
+
+    @property
+    def limit(self) -> float:
+        """The time limit of every run: the cap (past it, an answer is wrong, not slow)."""
+        return self._no_anchor

@@ -54,7 +54,9 @@ def score(problems: Sequence[TaskProblem], samples: Iterable[Sample], verifiers:
         i = int(sample.request_id)
         problem = problems[i]
         outcome = run_verifier(
-            verifiers.get(problem.verifier), VerifyRequest(sample.request_id, sample.text, problem.answer)
+            verifiers.get(problem.verifier),
+            VerifyRequest(sample.request_id, sample.text, problem.answer),
+            verifiers.rewards,
         )
         correct[i] = isinstance(outcome, Verdict) and outcome.correct
     missing = len(problems) - len(correct)

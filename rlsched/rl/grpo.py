@@ -52,9 +52,11 @@ class LossStats:
     is_mean: float = 0.0  # importance weights, mean over the batch's tokens
     is_max: float = 0.0
     is_capped: float = 0.0  # fraction of tokens whose weight reached the cap
+    skipped: int = 0  # optimizer steps not taken: the loss or the gradient was not finite
 
     def plus(self, other: LossStats) -> LossStats:
-        """Two shares of one token-level mean (data-parallel ranks, micro-batches): added, max kept."""
+        """Two shares of one token-level mean (data-parallel ranks, micro-batches): added, max kept
+        (a skipped step is one step, whichever share saw it)."""
         return LossStats(
             self.loss + other.loss,
             self.clip_fraction + other.clip_fraction,
@@ -63,6 +65,7 @@ class LossStats:
             self.is_mean + other.is_mean,
             max(self.is_max, other.is_max),
             self.is_capped + other.is_capped,
+            max(self.skipped, other.skipped),
         )
 
 
@@ -77,6 +80,7 @@ def mean_of(parts: list[LossStats]) -> LossStats:
         sum(p.is_mean for p in parts) / n,
         max((p.is_max for p in parts), default=0.0),
         sum(p.is_capped for p in parts) / n,
+        sum(p.skipped for p in parts),
     )
 
 

@@ -6,9 +6,10 @@ that is always up, so the retry rule, the idempotence of outcomes and the span o
 the Ray pool's and the simulator's. A `StartRun` runs the verifier at once (`run_verifier`) and its
 answer is the `RunFinished`; a fault the core retries comes back as another `StartRun`.
 
-What in-process cannot do: stop a run. A verification's own sandbox bounds untrusted code (the
-`code` verifier); the core's timeout has no worker to kill here and never fires, since no `Tick`
-arrives while the run holds the process.
+What in-process cannot do: stop a run. A verification's own sandbox bounds untrusted code: the
+`code` and `cuda` verifiers stop it at the timeout the core gave its `StartRun` (carried in the
+request); the core's own timer has no worker to kill here and never fires, since no `Tick` arrives
+while the run holds the process.
 """
 
 from __future__ import annotations
@@ -31,18 +32,24 @@ from rlsched.core.verify_pool_io import (
     WorkerUp,
 )
 from rlsched.policy.verify import PendingVerification, TaskId, VerifyParams
-from verifiers.protocol import Outcome, Verifier, VerifyRequest, run_verifier
+from verifiers.protocol import UNIT_REWARDS, Outcome, RewardRange, Verifier, VerifyRequest, run_verifier
 
 
 class LocalPool:
     def __init__(
-        self, cfg: VerifierConfig, retries: int, clock: Callable[[], float] = time.monotonic
+        self,
+        cfg: VerifierConfig,
+        retries: int,
+        clock: Callable[[], float] = time.monotonic,
+        rewards: RewardRange = UNIT_REWARDS,
     ) -> None:
+        self.rewards = rewards  # the task's reward range: a verdict outside it is a fault
         params = PoolParams(
             VerifyParams(cfg.dispatch),
             workers=1,
             retries=retries,
             timeouts=cfg.timeout.params(),
+            grace_s=cfg.timeout.grace_s,
             name="local",
         )
         self.clock = clock
@@ -68,7 +75,10 @@ class LocalPool:
         if isinstance(effect, StartRun):
             verifier, request = self._work[effect.task.task_id]
             start = self.clock()
-            outcome = run_verifier(verifier, replace(request, attempt=effect.task.attempt))
+            timed = replace(
+                request, attempt=effect.task.attempt, timeout_s=effect.timeout_s, limit_s=effect.limit_s
+            )
+            outcome = run_verifier(verifier, timed, self.rewards)
             end = self.clock()
             self._feed(RunFinished(end, effect.task.task_id, effect.task.attempt, outcome, start, end))
         elif isinstance(effect, Settled):

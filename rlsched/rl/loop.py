@@ -40,7 +40,14 @@ from rlsched.rl.grpo import LossStats
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
 from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
-from rlsched.rl.update import TrainItem, TrainOptions, minibatches, prepare_policy, update_batch
+from rlsched.rl.update import (
+    TrainItem,
+    TrainOptions,
+    minibatches,
+    prepare_policy,
+    skipped_note,
+    update_batch,
+)
 from verifiers.loading import VerifierSet
 from verifiers.protocol import Outcome, Verdict, Verifier, VerifyRequest
 
@@ -54,6 +61,7 @@ class StepRecord:
     loss: float
     clip_fraction: float
     faults: int
+    skipped_steps: int = 0  # optimizer steps not taken: a non-finite loss or gradient
     eval_pass_rate: float | None = None
     episodes: dict[str, Any] | None = None  # multi-turn jobs: turns, tool calls, end reasons
 
@@ -114,8 +122,13 @@ class GRPOLoop:
         if (note := room.note()) is not None:
             log(note)
         self.verifier = verifier  # a test's stand-in; otherwise each sample's kind from `verifiers`
-        self.verifiers = VerifierSet(cfg.verifier.kind, cfg.verifier.sandbox.policy())
-        self.pool = LocalPool(cfg.verifier, cfg.grpo.verify_retries)
+        self.verifiers = VerifierSet(
+            cfg.verifier.kind,
+            cfg.verifier.sandbox.policy(),
+            cfg.task.rewards(),
+            cfg.verifier.timeout.params(),
+        )
+        self.pool = LocalPool(cfg.verifier, cfg.grpo.verify_retries, rewards=self.verifiers.rewards)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         self.core = it.IterationCore(it.IterationParams(max_staleness=cfg.rollout.max_staleness))
@@ -186,10 +199,13 @@ class GRPOLoop:
         """Iteration `step`'s optimizer steps, one per minibatch (`rlsched.rl.update.update_batch`)."""
         grpo = self.cfg.grpo
         parts = minibatches(items, grpo.minibatches)
-        return update_batch(
+        stats = update_batch(
             self.policy, self.optimizer, parts, grpo, steps_done=step * grpo.minibatches,
             options=self.options, reference=self.reference,
         )  # fmt: skip
+        if (note := skipped_note(stats, step + 1)) is not None:
+            self.log(note)
+        return stats
 
     def publish(self, version: int) -> str:
         """The new version's BF16 bytes go to the engine, as they go to remote instances."""
@@ -242,6 +258,7 @@ class GRPOLoop:
             loss=stats.loss,
             clip_fraction=stats.clip_fraction,
             faults=batch.faults,
+            skipped_steps=stats.skipped,
         )
 
     def _agent_step(self, step: int, iteration: int, problems: list[TaskProblem]) -> StepRecord:
@@ -287,6 +304,7 @@ class GRPOLoop:
             loss=stats.loss,
             clip_fraction=stats.clip_fraction,
             faults=summary.faults,
+            skipped_steps=stats.skipped,
             episodes=asdict(summary) | {"trained": len(items)},
         )
 

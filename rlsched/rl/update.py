@@ -187,9 +187,30 @@ def grpo_update(
                 p.grad = torch.zeros_like(p)
     if reduce_grads is not None:
         reduce_grads(policy)
-    torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    if not finite_norm(norm):  # every rank sees the same (reduced) norm, so all skip together
+        optimizer.zero_grad(set_to_none=True)
+        return replace(stats, skipped=1)
     optimizer.step()
     return stats
+
+
+def skipped_note(stats: LossStats, iteration: int) -> str | None:
+    """The line that names an iteration's skipped steps, or None when every step was taken."""
+    if not stats.skipped:
+        return None
+    return (
+        f"iteration {iteration}: {stats.skipped} update step(s) skipped: the loss or the gradient was "
+        "not finite; the weights and the optimizer's state are as they were before them"
+    )
+
+
+def finite_norm(norm: torch.Tensor) -> bool:
+    """The gradient's total norm is a finite number (a NaN or infinite loss makes it NaN or inf):
+    a step on it would write NaN into every weight and the optimizer's moments. A sharded
+    policy's norm is a DTensor, whose whole value every rank holds after the clip's reduction."""
+    value = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return bool(torch.isfinite(value).item())
 
 
 # -- a batch: the proximal policy, then one optimizer step per minibatch ----------------------------

@@ -19,10 +19,12 @@ aborts its generation, which frees its row.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from collections import Counter as Tally
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -44,6 +46,7 @@ from rlsched.engine.protocol import (
 )
 from rlsched.serve.episodes import EpisodeError, continue_prompt
 from rlsched.serve.errors import ApiError, validation_error
+from rlsched.serve.limits import BodyLimit
 from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt, forced_prefix, render_chat
 from rlsched.serve.run import (
     Capture,
@@ -83,6 +86,7 @@ class _Metrics:
 
 def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
     app = FastAPI(title="rlsched endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=int(cfg.max_body_mb * (1 << 20)))
     metrics = _Metrics(served)
     clients: Tally[str] = Tally()
     app.state.served, app.state.metrics, app.state.clients = served, metrics, clients
@@ -251,7 +255,14 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             metrics.ttft.observe(run.first_token_at - run.started)
         metrics.requests.labels(route, str(status)).inc()
 
-    def episode_prompt(
+    tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+        """Templating and tokenizing, on a thread of their own, one request at a time (a tokenizer is
+        not safe to share between threads), so that a long prompt never holds the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(fn, *args))
+
+    async def episode_prompt(
         body: ChatCompletionRequest, episode_id: str, group_id: str | None
     ) -> tuple[list[int], Capture]:
         """A turn's prompt from its episode's recorded ids (`continue_prompt`)."""
@@ -261,8 +272,12 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             raise ApiError(err.status, str(err), param="episode_id") from None
         if episode is not None and body.n > 1:
             raise ApiError(400, "a later turn continues one episode: send n=1", param="n")
-        text, prefix = render_chat(served.template, served.tokenizer, body)
-        prompt, extends, diverged = continue_prompt(episode, text, served.tokenizer, prefix)
+
+        def tokenize() -> tuple[list[int], bool, int | None]:
+            text, prefix = render_chat(served.template, served.tokenizer, body)
+            return continue_prompt(episode, text, served.tokenizer, prefix)
+
+        prompt, extends, diverged = await off_loop(tokenize)
         ids = [episode_id] if body.n == 1 else [f"{episode_id}-{i}" for i in range(body.n)]
         group = group_id or (episode.group_id if episode is not None else episode_id)
         pin = episode.turns[0].weight_version if episode is not None and episode.turns else None
@@ -335,13 +350,17 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             raise ApiError(
                 400, "'reference' belongs to an episode: send an episode_id too", param="reference"
             )
+        if body.reference is not None and served.reference_refusal is not None:
+            refusal = f"'reference' refused: {served.reference_refusal}"
+            raise ApiError(403, refusal, kind="permission_error", param="reference")
         try:
             if episode_id:
-                prompt, capture = episode_prompt(
+                prompt, capture = await episode_prompt(
                     body, episode_id, body.group_id or request.headers.get("x-group-id")
                 )
             else:
-                prompt, capture = chat_prompt(served.template, served.tokenizer, body), None
+                prompt = await off_loop(chat_prompt, served.template, served.tokenizer, body)
+                capture = None
         except PromptError as err:
             raise ApiError(400, str(err), param="messages") from None
         tools = bool(body.tools) and body.tool_choice != "none"
@@ -363,7 +382,10 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Any:
         authorize(request)
         check_model(body.model)
-        prompt = completion_prompt(served.tokenizer, body)
+        try:
+            prompt = await off_loop(completion_prompt, served.tokenizer, body)
+        except PromptError as err:
+            raise ApiError(400, str(err), param="prompt") from None
         run, client = await start(body, request, prompt, logprobs=bool(body.logprobs), tools=False)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

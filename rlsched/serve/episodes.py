@@ -37,6 +37,7 @@ from typing import Any
 
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.store.episode_journal import EpisodeJournal
+from verifiers.protocol import UNIT_REWARDS, RewardRange
 
 Clock = Callable[[], float]
 
@@ -223,9 +224,14 @@ class EpisodeStore:
     (`rlsched.store.episode_journal`)."""
 
     def __init__(
-        self, reward_timeout_s: float = 600.0, clock: Clock = time.time, journal: EpisodeJournal | None = None
+        self,
+        reward_timeout_s: float = 600.0,
+        clock: Clock = time.time,
+        journal: EpisodeJournal | None = None,
+        rewards: RewardRange = UNIT_REWARDS,
     ) -> None:
         self.reward_timeout_s = reward_timeout_s
+        self.rewards = rewards  # the job's task's range: a reward outside it is refused (422)
         self.clock = clock
         self.journal = journal
         self._episodes: dict[str, Episode] = {}
@@ -306,6 +312,8 @@ class EpisodeStore:
     def reward(self, episode_id: str, reward: float, judged: bool = False) -> Episode:
         """The episode's reward: from the client, or (`judged`) from the verifier it was handed to."""
         episode = self.get(episode_id)
+        if (problem := self.rewards.problem(reward)) is not None:
+            raise EpisodeError(422, f"episode '{episode_id}': {problem}; it was not recorded")
         if episode.reward is not None:
             raise EpisodeError(409, f"episode '{episode_id}' already has its reward ({episode.reward})")
         if episode.judging and not judged:

@@ -49,6 +49,9 @@ class Served:
     model_name: str
     created: int = field(default_factory=lambda: int(time.time()))
     episodes: EpisodeStore = field(default_factory=EpisodeStore)
+    # why a client's `reference` is refused (the job's verifier runs what a reference holds:
+    # `verifiers.protocol.client_reference_refusal`); None: taken, as data
+    reference_refusal: str | None = None
 
 
 @dataclass

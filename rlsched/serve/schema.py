@@ -41,6 +41,26 @@ NOT_IMPLEMENTED: dict[str, object] = {
 }
 
 
+INDEX_MAX = (1 << 31) - 1  # counts that become tensor sizes or indices (`rlsched.engine.protocol`)
+
+
+def lone_surrogate(data: Any, where: str = "") -> str | None:
+    """Where in a JSON value a string holds a lone surrogate (None: nowhere), as `messages.0.content`."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if isinstance(key, str) and lone_surrogate(key) is not None:
+            return f"{where}.{key!r}" if where else "a key"
+        if (found := lone_surrogate(value, f"{where}.{key}" if where else str(key))) is not None:
+            return found
+    return None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -119,20 +139,31 @@ class StreamOptions(_Strict):
 class _Sampling(_Strict):
     """Fields shared by both routes."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data: Any) -> Any:
+        """Text that cannot be UTF-8 (a lone surrogate, which JSON's `\\ud800` makes) is refused here,
+        by name, before a tokenizer meets it."""
+        if (where := lone_surrogate(data)) is not None:
+            raise ValueError(
+                f"{where or 'a string'} holds a lone surrogate (not UTF-8 text); send valid Unicode"
+            )
+        return data
+
     model: str
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1, description="a 64-bit integer")
     n: int = Field(1, ge=1, le=64)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # rlsched's and vLLM's extensions
-    top_k: int = Field(0, ge=-1, description="-1 or 0: off")
+    top_k: int = Field(0, ge=-1, le=INDEX_MAX, description="-1 or 0: off")
     min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)
     priority: int = 0
     return_token_ids: bool = False
     ignore_eos: bool = False

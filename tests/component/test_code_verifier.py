@@ -111,6 +111,9 @@ CHEATS = {
     "a set of ints whose hashes all collide": (
         "def add(a, b):\n    return {k * (2**61 - 1) for k in range(1, 60000)}"
     ),
+    "a set of which half the ints share one hash (issue 41, finding 7)": (
+        "def add(a, b):\n    return {k * (2**61 - 1) for k in range(1, 30000)} | set(range(30000))"
+    ),
     "stop reading requests so the host blocks": (
         "import fcntl\nfcntl.fcntl(3, 1031, 4096)\nimport time\ndef add(a, b):\n    time.sleep(60)"
     ),
@@ -221,6 +224,20 @@ def test_correct_runs_set_the_key_timeout() -> None:
     anchor = verifier.timeouts.anchor("add")
     assert anchor is not None and anchor < 2.0
     assert verifier.timeouts.timeout("add") == max(0.5, 1.5 * anchor)
+
+
+@needs_ns
+def test_a_stop_by_the_adaptive_timeout_is_a_fault_and_a_stop_at_the_limit_a_wrong_answer() -> None:
+    """Issue 41, finding 6: past the time limit a hanging solution scores 0 (a time limit exceeded);
+    stopped earlier by the adaptive timeout it is a fault the pool retries to the limit."""
+    verifier = CodeVerifier(SandboxLimits(memory_mb=256), FAST)
+    hang, tests = "def add(a, b):\n    while True: pass", json.dumps({"tests": ["assert add(1, 2) == 3"]})
+    early = verifier.verify(VerifyRequest("add/0", hang, tests, timeout_s=0.5, limit_s=2.0))
+    assert isinstance(early, ExecutionFault) and early.kind is FaultKind.TIMEOUT
+    assert "adaptive timeout at 0.5 s, below the time limit of 2 s" in early.detail
+    late = verifier.verify(VerifyRequest("add/0", hang, tests, attempt=1, timeout_s=2.0, limit_s=2.0))
+    assert isinstance(late, Verdict) and late.reward == 0.0 and "timeout" in late.detail
+    assert load_verifier("code", timeouts=FAST).timeouts.params is FAST  # type: ignore[attr-defined]
 
 
 def test_shipped_kind_loads() -> None:

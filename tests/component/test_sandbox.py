@@ -547,3 +547,48 @@ def test_a_killed_process_s_sandbox_directories_are_swept_and_live_ones_kept() -
         removed = sweep_orphans()
         assert orphan in removed and not orphan.exists()
         assert live.host_dir not in removed and live.host_dir.exists()
+
+
+# -- issue 41, finding 8 and the low ones: closer to Docker's default profile ------------------------
+
+
+@isolated
+def test_io_uring_netlink_and_vsock_are_refused() -> None:
+    program = (
+        "import ctypes, os, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "params = ctypes.create_string_buffer(120)\n"
+        "print(libc.syscall(425, 8, params), ctypes.get_errno())\n"  # io_uring_setup
+        "for family in (socket.AF_NETLINK, 40):\n"
+        "    try:\n        socket.socket(family, socket.SOCK_DGRAM if family == 40 else socket.SOCK_RAW)\n"
+        "        print('opened')\n    except OSError as err:\n        print(err.errno)\n"
+        "socket.socket(socket.AF_UNIX).close(); print('unix ok')"
+    )
+    result = run_sandboxed(program, LIMITS)
+    assert result.outcome is Outcome.OK, result.stderr
+    assert result.stdout.split() == ["-1", "1", "1", "1", "unix", "ok"]  # EPERM, EPERM, EPERM
+
+
+@isolated
+def test_proc_entries_that_describe_the_host_are_masked() -> None:
+    names = ("cmdline", "sys/kernel/random/boot_id", "loadavg", "uptime")
+    program = "for n in " + repr(names) + ":\n    print(n, repr(open('/proc/' + n).read()))"
+    result = run_sandboxed(program, LIMITS)
+    assert result.outcome is Outcome.OK, result.stderr
+    assert result.stdout.splitlines() == [f"{n} ''" for n in names]
+    assert Path("/proc/cmdline").read_text()  # the host's own are untouched
+
+
+@isolated
+def test_a_sparse_file_is_not_archived_past_the_environment_size() -> None:
+    """A sparse file of 0 bytes on the environment's tmpfs became 256 MiB of archive in host memory."""
+    box = Sandbox.create(work_mb=8)
+    try:
+        big_files = SandboxLimits(file_mb=512)  # an environment's tool that may write large files
+        made = box.exec("f = open('/work/holes', 'wb'); f.truncate(256 << 20); f.close()", limits=big_files)
+        assert made.outcome is Outcome.OK, made.stderr
+        with pytest.raises(ValueError, match="256 MB of data, more than the environment's 8 MB"):
+            box.save_work()
+        box.exec("import os; os.remove('/work/holes'); open('/work/small', 'w').write('kept')")
+        assert len(box.save_work()) < 64 << 10
+    finally:
+        box.destroy()

@@ -32,7 +32,7 @@ def make_pool(retries: int = 1, **overrides: object) -> VerifierPool:
             "kind": "exact_answer",
             "workers": 2,
             "cpus_per_worker": 0.5,
-            "timeout": TimeoutConfig(floor_s=0.5, cap_s=3.0, hard_cap_s=10.0),
+            "timeout": TimeoutConfig(floor_s=0.5, cap_s=3.0, hard_cap_s=10.0, grace_s=1.0),
             **overrides,
         }
     )
@@ -79,7 +79,35 @@ def test_a_hung_verification_is_killed_at_its_timeout_and_the_rest_proceed() -> 
     assert "timeout" in out[hung].detail
     assert all(isinstance(out[t], Verdict) and out[t].correct for t in fine)
     assert pool.counts.timeouts == 1 and pool.counts.replaced == 1
-    assert took < 3.0 + 20  # the cap, plus a worker's restart on a busy machine
+    assert took < 3.0 + 1.0 + 20  # the cap and the grace, plus a worker's restart on a busy machine
+
+
+def test_a_hanging_solution_scores_zero_within_its_limit_and_grace_and_its_group_trains() -> None:
+    """Issue 41, finding 6: the pool killed the worker at the sandbox's own deadline, so a hanging
+    solution became a TIMEOUT fault, was retried and its group dropped: looping escaped a zero."""
+    import json
+
+    import torch
+
+    from rlsched.rl.grpo import group_advantages
+
+    pool = make_pool(retries=2, kind="code", timeout=TimeoutConfig(floor_s=0.5, cap_s=2.0, grace_s=3.0))
+    tests = json.dumps({"tests": ["assert add(1, 2) == 3"]})
+    try:
+        start = time.monotonic()
+        hang = submit(pool, 0, "def add(a, b):\n    while True:\n        pass\n", tests, "code")
+        right = submit(pool, 1, "def add(a, b):\n    return a + b\n", tests, "code")
+        out = pool.drain(timeout_s=60)
+        took = time.monotonic() - start
+    finally:
+        pool.shutdown()
+    assert isinstance(out[hang], Verdict) and out[hang].reward == 0.0, out[hang]
+    assert "timeout" in out[hang].detail
+    assert isinstance(out[right], Verdict) and out[right].correct
+    assert pool.counts.timeouts == 0 and pool.counts.replaced == 0  # the sandbox stopped it, not a kill
+    assert took < 2.0 + 3.0 + 15  # the limit and the grace, plus the workers' start on a busy machine
+    advantages = group_advantages(torch.tensor([[out[hang].reward, out[right].reward]]))
+    assert advantages[0, 0] < 0 < advantages[0, 1]  # the group trains: the hang is pushed down
 
 
 def test_the_killed_workers_process_is_gone_before_its_slot_is_refilled() -> None:

@@ -105,6 +105,25 @@ def test_a_run_past_its_timeout_is_killed_retried_and_then_settled_as_a_timeout(
     assert settled.outcome.kind is FaultKind.TIMEOUT and c.counts.timeouts == 2
 
 
+def test_a_retry_runs_to_the_limit_and_the_kill_waits_out_the_grace() -> None:
+    """Issue 41, finding 6: a run stopped by the adaptive timeout (below the limit) is retried with
+    the whole limit, and the worker is killed only a grace period after the run's own stop, which
+    a sandboxed verifier enforces and reports."""
+    c = core(retries=1, learn=False, grace_s=2.0)
+    t = task(0)
+    c.handle(Submitted(0.0, (t,)))
+    c.handle(passed(t, 1.0, took=1.0))  # an anchor of 1 s: the next run of p0 stops at 1.5 s
+    again = replace(task(0), task_id=TaskId("t0b"))
+    (start,) = c.handle(Submitted(1.0, (again,)))
+    assert isinstance(start, StartRun) and start.timeout_s == 1.5 and start.limit_s == TIMEOUTS.cap_s
+    assert c.next_wakeup() == 1.0 + 1.5 + 2.0  # the timeout, then the grace
+    fault = ExecutionFault(again.task_id, FaultKind.TIMEOUT, "stopped by the adaptive timeout")
+    (rerun,) = only(c.handle(RunFinished(2.5, again.task_id, 0, fault, 1.0, 2.5)), StartRun)
+    assert isinstance(rerun, StartRun) and rerun.task.attempt == 1
+    assert rerun.timeout_s == rerun.limit_s == TIMEOUTS.cap_s  # the retry runs to the limit
+    assert c.next_wakeup() == 2.5 + 10.0 + 2.0
+
+
 def test_a_late_answer_of_a_superseded_attempt_changes_nothing() -> None:
     c = core(retries=1)
     t = task(0)

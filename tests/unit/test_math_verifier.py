@@ -126,3 +126,40 @@ def test_format_reward_and_strict_kind() -> None:
     assert load_verifier("math").name == "math"
     with pytest.raises(ValueError, match="format_reward"):
         MathVerifier(format_reward=1.0)
+
+
+# -- issue 41, finding 9: math that cannot be hedged ----------------------------------------------
+
+
+def test_an_integer_reference_takes_only_that_integer() -> None:
+    """`\\boxed{1000000000.5}` scored correct against 1000000007 under the relative tolerance."""
+    verifier = MathVerifier()
+    for hedge in ("\\boxed{1000000000.5}", "\\boxed{1000000007.0000001}", "\\boxed{1000000006.99}"):
+        outcome = verifier.verify(VerifyRequest("s", hedge, "1000000007"))
+        assert isinstance(outcome, Verdict) and not outcome.correct, hedge
+    assert run_verifier(verifier, VerifyRequest("s", "\\boxed{1000000007.0}", "1000000007")).correct  # type: ignore[union-attr]
+    assert run_verifier(verifier, VerifyRequest("s", "0.3333333", "1/3")).correct  # type: ignore[union-attr]
+    strict = MathVerifier(rel_tol=Fraction(0))
+    assert not run_verifier(strict, VerifyRequest("s", "0.3333333", "1/3")).correct  # type: ignore[union-attr]
+
+
+def test_a_number_too_long_to_parse_is_a_wrong_answer_not_a_fault() -> None:
+    """An answer of more than 4,300 digits became a retried CRASH fault, and its group was dropped."""
+    huge = "9" * 5000
+    for text in (f"\\boxed{{{huge}}}", f"the answer is 42, or {huge}", f"#### {huge}"):
+        outcome = run_verifier(MathVerifier(), VerifyRequest("s", text, "42"))
+        assert isinstance(outcome, Verdict) and outcome.reward == 0.0 and not outcome.correct, text
+    bad_reference = run_verifier(MathVerifier(), VerifyRequest("s", "42", huge))
+    assert isinstance(bad_reference, ExecutionFault) and bad_reference.kind is FaultKind.INPUT
+
+
+def test_unclosed_boxes_cost_linear_time() -> None:
+    """4,000 unclosed `\\boxed{` took 9.8 s (quadratic), against a 2 s timeout."""
+    import time
+
+    text = "\\boxed{" * 40_000 + " 42"
+    start = time.perf_counter()
+    outcome = run_verifier(MathVerifier(), VerifyRequest("s", text, "42"))
+    assert time.perf_counter() - start < 1.0
+    assert isinstance(outcome, Verdict) and outcome.correct  # no box closed: the last number counts
+    assert last_boxed("\\boxed{1} \\boxed{2 \\boxed{3}") == "3" and last_boxed("\\boxed{{x}") is None
