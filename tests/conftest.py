@@ -92,13 +92,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def __init__(self, config: pytest.Config, log: Any = None) -> None:
             super().__init__(config, log)
             config.option.loadscopereorder = False  # our order, not "most tests first"
+            self._ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
-        def add_node_collection(self, node: Any, collection: Any) -> None:
-            by_time = sorted(collection, key=lambda n: -scope_seconds(xdist_scope(n)))  # stable
-            super().add_node_collection(node, by_time)
+        def _assign_work_unit(self, node: Any) -> None:
+            # the queue of units, longest first, before the first is handed out. The collections
+            # themselves stay as the workers collected them: a worker runs the tests it is sent by
+            # their index in its own collection (reordering the registered collection sent each
+            # worker other tests than the scheduler meant, splitting modules between workers)
+            if not self._ordered:
+                ordered = sorted(self.workqueue.items(), key=lambda unit: -scope_seconds(unit[0]))
+                self.workqueue.clear()
+                self.workqueue.update(ordered)
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return LongestFirst(config, log)
 

@@ -312,12 +312,12 @@ class EpisodeStore:
     def reward(self, episode_id: str, reward: float, judged: bool = False) -> Episode:
         """The episode's reward: from the client, or (`judged`) from the verifier it was handed to."""
         episode = self.get(episode_id)
-        if (problem := self.rewards.problem(reward)) is not None:
-            raise EpisodeError(422, f"episode '{episode_id}': {problem}; it was not recorded")
         if episode.reward is not None:
             raise EpisodeError(409, f"episode '{episode_id}' already has its reward ({episode.reward})")
         if episode.judging and not judged:
             raise EpisodeError(409, f"episode '{episode_id}' is being judged by the job's verifier")
+        if (problem := self.rewards.problem(reward)) is not None:
+            raise EpisodeError(422, f"episode '{episode_id}': {problem}; it was not recorded")
         episode.reward = reward
         if episode.ended is None:
             self._end(episode, EndReason.CLIENT)
