@@ -112,6 +112,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return LongestFirst(config, log)
 
 
+PLAIN_WORKER_NICE = 5
+_first_test_seen = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist, a worker whose first test is not in the Ray lane lowers its CPU priority
+    (`os.nice`, inherited by what it starts): the Ray lane is the long pole, and on two cores every
+    second the plain modules take from it lengthens the whole run, while the plain worker has minutes
+    of slack (docs/development.md, "CI's budget")."""
+    global _first_test_seen
+    if _first_test_seen:
+        return
+    _first_test_seen = True
+    if os.environ.get("PYTEST_XDIST_WORKER") and not is_ray_module(item.nodeid.split("::")[0]):
+        os.nice(PLAIN_WORKER_NICE)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """The first pytest-xdist worker to finish creates the file named by RLSCHED_WORKER_DONE: `.ci/run`
+    waits for it to start the vLLM tests on the core that worker leaves (the Ray lane, the long pole,
+    runs on the other for several minutes more)."""
+    done = os.environ.get("RLSCHED_WORKER_DONE")
+    if done and not os.path.exists(done):
+        Path(done).write_text(f"{node.gateway.id}\n")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A Ray test outside a module marked `ray` as a whole would be timed as a plain module (and
     `make test-fast` would not leave it out as a module): refuse it, naming the test and the fix."""
