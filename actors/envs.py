@@ -105,6 +105,7 @@ class EnvHostImpl:
         self.lock = threading.Lock()
         self.saved = threading.Condition(self.lock)
         self._saving: set[tuple[str, str]] = set()  # files being saved: a preparation waits for them
+        self.unsaved: dict[tuple[str, str], str] = {}  # files that could not be kept, and why
         self.gib_s = 0.0
         self.peak_gib = 0.0
         self.measured = False
@@ -138,6 +139,12 @@ class EnvHostImpl:
             self.live[env] = live
             self.saved.wait_for(lambda: (episode, kind) not in self._saving)
             archive = self.files.get((episode, kind))
+            unsaved = self.unsaved.get((episode, kind))
+        if unsaved is not None:  # the episode's files are gone: rebuilding without them would lie
+            box.destroy()
+            with self.lock:
+                self.live.pop(env, None)
+            raise RuntimeError(f"episode {episode}'s {kind} environment files were not kept: {unsaved}")
         if archive is not None:
             box.restore_work(archive)
         limits = SandboxLimits(
@@ -191,8 +198,9 @@ class EnvHostImpl:
                 live.run.wait()
         if keep:
             try:
-                with contextlib.suppress(OSError, ValueError):
-                    self.files[(live.episode, live.kind)] = live.box.save_work()
+                self.files[(live.episode, live.kind)] = live.box.save_work()
+            except (OSError, ValueError) as err:  # over the environment's size, or unreadable
+                self.unsaved[(live.episode, live.kind)] = str(err)
             finally:
                 with self.lock:
                     self._saving.discard((live.episode, live.kind))
@@ -209,6 +217,7 @@ class EnvHostImpl:
         return {
             "live": sorted(self.live),
             "kept_files": len(self.files),
+            "unsaved_files": dict(sorted((f"{e}/{k}", why) for (e, k), why in self.unsaved.items())),
             "measured_gib_s": self.gib_s if self.measured else None,
             "measured_peak_gib": self.peak_gib if self.measured else None,
             "sandbox_dirs": leftovers,  # of those it created, still on disk

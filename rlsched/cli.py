@@ -222,6 +222,13 @@ def _add_serve(sub: Any) -> None:
     serve.add_argument(
         "--max-body-mb", type=float, default=8.0, help="larger request bodies get 413, unread (default 8)"
     )
+    serve.add_argument(
+        "--special-tokens-in-content",
+        choices=["text", "control"],
+        default="text",
+        help="a special token's string in a message, as text (default: no client can forge a turn) or "
+        "as the token (vLLM's behaviour)",
+    )
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds before a request is aborted")
     serve.set_defaults(func=cmd_serve)
 
@@ -333,6 +340,13 @@ def _add_sandbox(sub: Any) -> None:
         default=[],
         metavar="PATH[:INSIDE]",
         help="a host path the program may read, bound read-only (at INSIDE, default the same path)",
+    )
+    box_run.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        choices=["io_uring", "netlink", "vsock"],
+        help="open what the system-call filter denies by default (repeat for more than one)",
     )
     _json(box_run)
     box_run.set_defaults(func=cmd_sandbox_run)

@@ -266,7 +266,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cfg = EndpointConfig(
             host=args.host, port=args.port, api_key=args.api_key, model_name=args.model_name,
             timeout_s=args.timeout, max_waiting=args.max_waiting, max_per_client=args.max_per_client,
-            max_body_mb=args.max_body_mb,
+            max_body_mb=args.max_body_mb, special_tokens_in_content=args.special_tokens_in_content,
         )  # fmt: skip
     except ValidationError as err:
         raise UserError(f"rlsched serve: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}") from None
@@ -464,6 +464,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
     from verifiers.sandbox import Isolation, Outcome, SandboxLimits, SandboxPolicy, run_sandboxed
+    from verifiers.sandbox_types import Opening
 
     if not args.file.is_file():
         raise UserError(f"{args.file} does not exist; give a Python file to run in the sandbox")
@@ -474,7 +475,8 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         program = args.file.read_text()
     except ValueError as err:
         raise UserError(f"sandbox run: {err} (--timeout and --memory must be positive)") from None
-    policy = SandboxPolicy.from_specs(Isolation(args.isolation) if args.isolation else None, args.read_only)
+    isolation = Isolation(args.isolation) if args.isolation else None
+    policy = SandboxPolicy.from_specs(isolation, args.read_only, [Opening(a) for a in args.allow])
     if (problem := policy.check()) is not None:
         raise UserError(f"sandbox run: {problem} (--read-only)")
     result = run_sandboxed(program, limits, policy)

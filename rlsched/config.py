@@ -24,6 +24,7 @@ from rlsched.policy.versions import InflightUpdate, PipelineMode, SwapKV, pipeli
 from rlsched.transfer.plane import Plane
 from verifiers.protocol import RewardRange
 from verifiers.sandbox import Isolation, SandboxPolicy
+from verifiers.sandbox_types import Opening
 
 UNSHAPED_GBPS = 10.0  # what the relay plan assumes of a link left unshaped
 
@@ -373,6 +374,13 @@ class TransientInstance(Section):
         return self
 
 
+class ContentTokens(StrEnum):
+    """How a special token's string inside a message's content is encoded (rlsched.model.content)."""
+
+    TEXT = "text"  # as plain text: a message cannot close its turn or open another role's
+    CONTROL = "control"  # as the special token itself, as vLLM's server and transformers do
+
+
 class EndpointConfig(Section):
     """The OpenAI-compatible HTTP endpoint over the rollout fleet (`rlsched serve`, docs/endpoint.md)."""
 
@@ -396,6 +404,11 @@ class EndpointConfig(Section):
     )
     max_body_mb: float = Field(
         8.0, gt=0, description="a request body larger than this is refused with 413 before it is read"
+    )
+    special_tokens_in_content: ContentTokens = Field(
+        ContentTokens.TEXT,
+        description="text: a special token's string in a message (`<|im_end|>`) is encoded as text, so a "
+        "client cannot forge a turn; control: as the token itself (vLLM's behaviour)",
     )
     reward_timeout_s: float = Field(
         600.0, gt=0, description="an ended episode whose reward has not come by then is dropped (counted)"
@@ -540,8 +553,14 @@ class SandboxConfig(Section):
         "read-only at the same path inside; HOST:INSIDE to put one elsewhere",
     )
 
+    allow: list[Opening] = Field(
+        [],
+        description="what the system-call filter denies (as Docker's default profile does) that these "
+        "programs need: io_uring, netlink (sockets to the kernel), vsock (to the hypervisor)",
+    )
+
     def policy(self) -> SandboxPolicy:
-        return SandboxPolicy.from_specs(self.isolation, self.read_only)
+        return SandboxPolicy.from_specs(self.isolation, self.read_only, self.allow)
 
     @model_validator(mode="after")
     def _paths(self) -> SandboxConfig:

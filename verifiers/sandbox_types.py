@@ -33,6 +33,15 @@ class Isolation(StrEnum):
     BEST_EFFORT = "best_effort"  # run anyway; every result names what is missing
 
 
+class Opening(StrEnum):
+    """What the sandbox's system-call filter denies unless a policy opens it (`SandboxPolicy.allow`):
+    Docker's default profile denies them too."""
+
+    IO_URING = "io_uring"  # a second system-call interface the filter cannot see into
+    NETLINK = "netlink"  # sockets to the kernel's own interfaces
+    VSOCK = "vsock"  # sockets to the hypervisor
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 10.0  # wall clock
@@ -59,13 +68,16 @@ class SandboxPolicy:
     isolation: Isolation | None = None  # None: strict where the machine allows it, else best effort
     read_only: tuple[tuple[str, str], ...] = ()  # extra (host path, path inside) bound read-only
     devices: tuple[str, ...] = ()  # device nodes of the host's /dev the run may open (a GPU's)
+    allow: frozenset[Opening] = frozenset()  # what the filter denies that these programs need
 
     @classmethod
-    def from_specs(cls, isolation: Isolation | None, specs: Sequence[str]) -> SandboxPolicy:
+    def from_specs(
+        cls, isolation: Isolation | None, specs: Sequence[str], allow: Sequence[Opening] = ()
+    ) -> SandboxPolicy:
         """From `HOST[:INSIDE]` specs (the config's `read_only`, the CLI's `--read-only`): a path
         alone is bound at the same path inside."""
         pairs = tuple((host, inside or host) for host, _, inside in (spec.partition(":") for spec in specs))
-        return cls(isolation, pairs)
+        return cls(isolation, pairs, allow=frozenset(allow))
 
     def check(self) -> str | None:
         """Why this policy cannot be applied (a message naming the fix), or None."""

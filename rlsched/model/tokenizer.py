@@ -31,6 +31,11 @@ class Tokenizer:
         self._fast = getattr(hf, "backend_tokenizer", None)  # the `tokenizers` object, when fast
         self.vocab_size = len(hf)
         self.special_ids = frozenset(int(i) for i in hf.all_special_ids)
+        decoder = getattr(hf, "added_tokens_decoder", {})  # id -> AddedToken, `special` among its flags
+        self.special_strings = frozenset(
+            {str(t) for t in hf.all_special_tokens}
+            | {str(t.content) for t in decoder.values() if getattr(t, "special", False)}
+        )
 
     @classmethod
     def from_dir(cls, path: Path) -> Tokenizer:
@@ -57,6 +62,18 @@ class Tokenizer:
         if self._fast is not None:
             return list(self._fast.encode(text, add_special_tokens=False).ids)
         return list(self.hf.encode(text, add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` encoded with every special token's string in it read as plain text (`<|im_end|>`
+        as `<`, `|`, `im`, ...): message content, never a control token (`rlsched.model.content`)."""
+        if self._fast is not None:
+            before = self._fast.encode_special_tokens
+            self._fast.encode_special_tokens = True
+            try:
+                return list(self._fast.encode(text, add_special_tokens=False).ids)
+            finally:
+                self._fast.encode_special_tokens = before
+        return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self._fast is not None:

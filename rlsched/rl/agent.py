@@ -61,6 +61,7 @@ from rlsched.engine.protocol import (
     SamplingParams,
 )
 from rlsched.errors import UserError
+from rlsched.model.content import Rendered, render_shielded
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.environments import Capacity
 from rlsched.rl.episode_runs import EpisodeRun
@@ -139,11 +140,18 @@ def check_renders_tools(tokenizer: Tokenizer, tools: Sequence[ToolSpec]) -> None
         raise UserError("agent.tools is empty: declare at least one tool")
 
 
-def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: Sequence[ToolSpec]) -> str:
-    text = tokenizer.hf.apply_chat_template(
-        messages, tools=[t.as_openai() for t in tools], add_generation_prompt=True, tokenize=False
-    )
-    return str(text)
+def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: Sequence[ToolSpec]) -> Rendered:
+    """The episode's prompt; a special token's string in a message (a tool's output, a problem) stays
+    text (`rlsched.model.content`)."""
+    schemas = [t.as_openai() for t in tools]
+
+    def template(shown: list[dict[str, Any]]) -> str:
+        text = tokenizer.hf.apply_chat_template(
+            shown, tools=schemas, add_generation_prompt=True, tokenize=False
+        )
+        return str(text)
+
+    return render_shielded(tokenizer, template, messages)
 
 
 class AgentRollout:

@@ -52,17 +52,18 @@ def episode_tokens(
     """(first prompt, the rest, loss mask over the rest): each assistant reply tokenized on its own
     and closed with `end_id`, everything between the replies rendered by the chat template."""
     replies = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
-    prompt = tokenizer.encode(render(tokenizer, messages[: replies[0]], tools))
+    first = render(tokenizer, messages[: replies[0]], tools)
+    prompt = first.encode(tokenizer)
     rest: list[int] = []
     mask: list[float] = []
-    said = render(tokenizer, messages[: replies[0]], tools)
+    said = first.text
     for n, k in enumerate(replies):
         if n > 0:  # the observations and template text since the last reply
-            text = render(tokenizer, messages[:k], tools)
-            between = tokenizer.encode(text[len(said) :])
+            rendered = render(tokenizer, messages[:k], tools)
+            between = rendered.encode(tokenizer, len(said))
             rest += between
             mask += [0.0] * len(between)
-            said = text
+            said = rendered.text
         reply = [*tokenizer.encode(messages[k]["content"]), end_id]
         rest += reply
         mask += [1.0] * len(reply)

@@ -274,8 +274,10 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             raise ApiError(400, "a later turn continues one episode: send n=1", param="n")
 
         def tokenize() -> tuple[list[int], bool, int | None]:
-            text, prefix = render_chat(served.template, served.tokenizer, body)
-            return continue_prompt(episode, text, served.tokenizer, prefix)
+            rendered, prefix = render_chat(
+                served.template, served.tokenizer, body, cfg.special_tokens_in_content
+            )
+            return continue_prompt(episode, rendered, served.tokenizer, prefix)
 
         prompt, extends, diverged = await off_loop(tokenize)
         ids = [episode_id] if body.n == 1 else [f"{episode_id}-{i}" for i in range(body.n)]
@@ -359,7 +361,9 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
                     body, episode_id, body.group_id or request.headers.get("x-group-id")
                 )
             else:
-                prompt = await off_loop(chat_prompt, served.template, served.tokenizer, body)
+                prompt = await off_loop(
+                    chat_prompt, served.template, served.tokenizer, body, cfg.special_tokens_in_content
+                )
                 capture = None
         except PromptError as err:
             raise ApiError(400, str(err), param="messages") from None

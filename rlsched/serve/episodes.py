@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rlsched.model.content import Rendered
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.store.episode_journal import EpisodeJournal
 from verifiers.protocol import UNIT_REWARDS, RewardRange
@@ -201,17 +202,18 @@ def training_sequence(episode: Episode) -> TrainingSequence:
 
 
 def continue_prompt(
-    episode: Episode | None, text: str, tokenizer: Tokenizer, prefix_ids: Sequence[int] = ()
+    episode: Episode | None, rendered: Rendered, tokenizer: Tokenizer, prefix_ids: Sequence[int] = ()
 ) -> tuple[list[int], bool, int | None]:
-    """The prompt ids for the templated `text` of a turn in `episode` (after `prefix_ids`, the MLC
-    template's system prefix), and whether they extend its last turn (and where not)."""
-    whole = [*prefix_ids, *tokenizer.encode(text)]
+    """The prompt ids for the templated text of a turn in `episode` (after `prefix_ids`, the MLC
+    template's system prefix), and whether they extend its last turn (and where not). Special tokens'
+    strings that the messages wrote stay text (`rlsched.model.content`)."""
+    whole = [*prefix_ids, *rendered.encode(tokenizer)]
     if episode is None or not episode.turns:
         return whole, True, None
     history = list(episode.history())
     said = tokenizer.decode(history[len(prefix_ids) :], skip_special_tokens=False)
-    if text.startswith(said):
-        return [*history, *tokenizer.encode(text[len(said) :])], True, None
+    if rendered.text.startswith(said):
+        return [*history, *rendered.encode(tokenizer, len(said))], True, None
     if whole[: len(history)] == history:
         return whole, True, None
     diverged = next((k for k, (a, b) in enumerate(zip(whole, history, strict=False)) if a != b), len(whole))

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlsched.config import ContentTokens
 from rlsched.errors import UserError
+from rlsched.model.content import Rendered, render_shielded
 from rlsched.model.template import ChatTemplate, Message, PromptFormat
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.serve.schema import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
@@ -67,10 +69,14 @@ def forced_prefix(req: ChatCompletionRequest) -> str:
 
 
 def render_chat(
-    template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletionRequest
-) -> tuple[str, list[int]]:
-    """The templated prompt as text, ending with `forced_prefix`, and the ids that go before it (an
-    MLC template's system prefix; none for a chat template)."""
+    template: PromptFormat,
+    tokenizer: Tokenizer,
+    req: ChatCompletionRequest,
+    content: ContentTokens = ContentTokens.TEXT,
+) -> tuple[Rendered, list[int]]:
+    """The templated prompt, ending with `forced_prefix`, and the ids that go before it (an MLC
+    template's system prefix; none for a chat template). Under `ContentTokens.TEXT` a special token's
+    string in a message is encoded as text (`rlsched.model.content`); under CONTROL, as the token."""
     if isinstance(template, ChatTemplate):
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         if req.tool_choice == "none":
@@ -81,34 +87,50 @@ def render_chat(
                 "serve it with a template that does (rlsched serve --chat-template "
                 "configs/chat_templates/smollm2_tools.jinja, for SmolLM2)"
             )
-        try:
+
+        def apply(messages: list[dict[str, Any]]) -> str:
             text = tokenizer.hf.apply_chat_template(
-                [_hf_message(m) for m in req.messages],
-                tools=tools,
-                add_generation_prompt=True,
-                tokenize=False,
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
+            return str(text)
+
+        messages = [_hf_message(m) for m in req.messages]
+        try:
+            if content is ContentTokens.TEXT:
+                rendered = render_shielded(tokenizer, apply, messages)
+            else:
+                rendered = Rendered(apply(messages))
         except Exception as err:  # noqa: BLE001 - a template's raise_exception() is bad input
             raise PromptError(f"the chat template refused the messages: {err}") from None
-        return str(text) + forced_prefix(req), []
+        return Rendered(rendered.text + forced_prefix(req), rendered.literal), []
     if req.tools and req.tool_choice != "none":
         raise PromptError(
             f"this model's conversation template ({template.name}) does not render tools; serve a "
             "checkpoint whose chat template does"
         )
     try:
-        messages = [
+        conversation = [
             Message(role="system" if m.role == "developer" else m.role, content=m.text) for m in req.messages
         ]
-        return template.render(messages), list(template.system_prefix_token_ids)
+        prefix = list(template.system_prefix_token_ids)
+        if content is ContentTokens.CONTROL:
+            return Rendered(template.render(conversation)), prefix
+        turns = [m.model_dump() for m in conversation]
+        rendered = render_shielded(tokenizer, lambda ms: template.render([Message(**m) for m in ms]), turns)
+        return rendered, prefix
     except (UserError, ValueError) as err:
         raise PromptError(str(err)) from None
 
 
-def chat_prompt(template: PromptFormat, tokenizer: Tokenizer, req: ChatCompletionRequest) -> list[int]:
+def chat_prompt(
+    template: PromptFormat,
+    tokenizer: Tokenizer,
+    req: ChatCompletionRequest,
+    content: ContentTokens = ContentTokens.TEXT,
+) -> list[int]:
     """The templated prompt's ids (`render_chat`, tokenized)."""
-    text, prefix = render_chat(template, tokenizer, req)
-    return [*prefix, *tokenizer.encode(text)]
+    rendered, prefix = render_chat(template, tokenizer, req, content)
+    return [*prefix, *rendered.encode(tokenizer)]
 
 
 def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> list[int]:

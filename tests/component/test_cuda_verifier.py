@@ -74,6 +74,32 @@ def test_ci_has_the_cuda_toolkit() -> None:
     assert find_toolkit() is not None, "CI=true but no CUDA toolkit (nvcc and nvvm/) was found: install one"
 
 
+def _toolkit_at(root: Path) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "nvcc").write_text("")
+    (root / "nvvm").mkdir()
+    return root.resolve()
+
+
+def test_an_installed_toolkit_comes_first_and_pypis_is_found_where_there_is_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make setup` installs PyPI's cuda-toolkit where the machine has no nvcc (scripts/setup_venv.sh):
+    its layout, `nvidia/cu13` on sys.path, is the last place looked at, after CUDA_HOME, PATH and
+    /usr/local/cuda* (the newest version first)."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cuda.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cuda, "INSTALLED", tmp_path / "usr-local")
+    monkeypatch.setattr(cuda.sys, "path", ["", str(tmp_path / "site-packages")])
+    assert find_toolkit() is None
+    pypi = _toolkit_at(tmp_path / "site-packages" / "nvidia" / "cu13")
+    assert find_toolkit() == pypi
+    _toolkit_at(tmp_path / "usr-local" / "cuda-12.9")
+    newest = _toolkit_at(tmp_path / "usr-local" / "cuda-12.10")
+    assert find_toolkit() == newest
+
+
 @pytest.fixture()
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run stage's device check passes on this machine (the program runs; its CUDA calls fail)."""

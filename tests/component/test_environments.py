@@ -147,3 +147,31 @@ def test_tool_environments_route_each_call_to_its_kind_and_act_on_one_kind_at_a_
     finally:
         usage = envs.close()
     assert set(usage) == {"notes", "broken"} and not any(k.live for k in kinds.values())
+
+
+def test_an_episode_whose_files_could_not_be_kept_is_refused_a_rebuild_without_them() -> None:
+    """The Ray environment host (`actors/envs.py`, driven here without Ray): a work directory over
+    the environment's size is not archived, and the episode's next environment is refused, naming
+    why, instead of being built empty as if nothing had been lost."""
+    from actors.envs import EnvHostImpl, EnvKind
+    from verifiers.sandbox import capabilities
+
+    if missing := capabilities().missing():
+        pytest.skip(f"this machine lacks: {'; '.join(missing)}")
+    host = EnvHostImpl({"shell": EnvKind(memory_mb=1, fetch_s=0.0, workspace_mb=1, tool_s=0.0)})
+    try:
+        assert host.prepare("env-1", "shell", "ep") is not None
+        work = host.live["env-1"].box.work
+        assert work is not None
+        with (work / "holes").open("wb") as f:
+            f.truncate(256 << 20)  # sparse: no disk, but 256 MB of data to archive
+        host.release("env-1", keep_files=True)
+        assert list(host.report()["unsaved_files"]) == ["ep/shell"]
+        with pytest.raises(
+            RuntimeError,
+            match=r"episode ep's shell environment files were not kept: .* more than the environment's 17 MB",
+        ):
+            host.prepare("env-2", "shell", "ep")
+        assert host.report()["live"] == [] and host.report()["kept_files"] == 0
+    finally:
+        host.shutdown()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlsched.model.content import Rendered
 from rlsched.serve.episodes import EndReason, Episode, EpisodeStore, continue_prompt
 from rlsched.store.episode_journal import EpisodeJournal, JournalError
 from tests.unit.test_episodes import TOK, turn
@@ -59,7 +60,7 @@ def test_a_crash_loses_no_episode_and_gives_back_none_a_checkpoint_holds(tmp_pat
     assert not judged.judging and judged.ended_at == clock.now  # judged again, its timeout from now
     assert [e.id for e in after.to_judge()] == ["judged"]
     # the agent continues its open episode by id: the next prompt extends the recorded turn
-    ids, extends, _ = continue_prompt(episodes["open"], "<u>hi<a>CALL<t>18<a>", TOK)  # type: ignore[arg-type]
+    ids, extends, _ = continue_prompt(episodes["open"], Rendered("<u>hi<a>CALL<t>18<a>"), TOK)  # type: ignore[arg-type]
     assert extends and TOK.decode(ids) == "<u>hi<a>CALL<t>18<a>"
     after.record("open", None, turn("<u>hi<a>CALL<t>18<a>", "18"))
     assert store(path, clock).find("open") is None  # a store reads the journal only in `restore`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlsched.model.content import Rendered
 from rlsched.serve.episodes import (
     EndReason,
     Episode,
@@ -35,14 +36,14 @@ def turn(prompt: str, said: str, *, tool: bool = False, version: int = 0, extend
 
 def test_the_next_prompt_keeps_the_recorded_ids_and_tokenizes_only_what_is_new() -> None:
     ep = Episode("e", "e", 0.0, [turn("<u>hi<a>", "CALL", tool=True)])
-    ids, extends, where = continue_prompt(ep, "<u>hi<a>CALL<t>18C<a>", TOK)  # type: ignore[arg-type]
+    ids, extends, where = continue_prompt(ep, Rendered("<u>hi<a>CALL<t>18C<a>"), TOK)  # type: ignore[arg-type]
     assert extends and where is None
     assert TOK.decode(ids) == "<u>hi<a>CALL<t>18C<a>"
 
 
 def test_an_edited_history_does_not_extend_and_says_where() -> None:
     ep = Episode("e", "e", 0.0, [turn("<u>hi<a>", "CALL", tool=True)])
-    ids, extends, where = continue_prompt(ep, "<u>hi<a>CALX<t>18C<a>", TOK)  # type: ignore[arg-type]
+    ids, extends, where = continue_prompt(ep, Rendered("<u>hi<a>CALX<t>18C<a>"), TOK)  # type: ignore[arg-type]
     assert not extends and where == len("<u>hi<a>CAL")
     assert TOK.decode(ids) == "<u>hi<a>CALX<t>18C<a>"  # the client's text, tokenized whole
 
