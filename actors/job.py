@@ -30,7 +30,7 @@ from actors.durability import JobLog, ResumePlan, checkpoint_root, plan_resume, 
 from actors.fleet import store_path
 from actors.interrupt import Terminated, ctrl_c
 from actors.records import IterationRecord, commit_record
-from actors.scale import open_inbox
+from actors.scale import open_inbox, record_job
 from rlsched.config import EngineKind, JobConfig
 from rlsched.core.demand import job_spec, required_resources
 from rlsched.engine.protocol import SamplingParams
@@ -269,6 +269,7 @@ def run_job(
     controller: JobController | None = None
     client: ClusterClient | None = None
     preempted, failure = False, ""
+    forget: Callable[[], None] | None = None
     ctrl_c.__enter__()
     try:
         client = register(cfg, out_dir.name, queue, priority, log, attempt)
@@ -277,6 +278,8 @@ def run_job(
             check_capacity(cfg)
         t0 = time.monotonic()
         inbox = _open_inbox(out_dir.name)
+        # where `rlsched scale` finds this job's cluster
+        forget = record_job(out_dir.name, ray.get_runtime_context().gcs_address)
         start = plan.start if plan is not None else None
         controller = JobController(
             cfg, log=log, out_dir=out_dir, inbox=inbox, cluster=client, groups=groups, start=start
@@ -298,6 +301,8 @@ def run_job(
         raise
     finally:
         ctrl_c.__exit__(None, None, None)
+        if forget is not None:
+            forget()
         if controller is not None:
             controller.shutdown()
         if client is not None and failure:

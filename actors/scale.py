@@ -2,19 +2,29 @@
 
 Every Ray job started by `rlsched run` owns a small named actor, its inbox (`rlsched-scale-JOB` in
 the `rlsched` namespace; JOB is the name of the run's output directory). `rlsched scale JOB ...`
-connects to the same cluster, drops a command in the inbox and prints the fleet as the job last
-reported it. With the default `--address auto` it looks for the job on every Ray cluster running on
-this machine (two jobs started with `rlsched run` each embed their own), and asks for `--address`
-only when two clusters hold a job of that name. The controller takes the commands while it
-generates, and reports its fleet back. The inbox lives and dies with the job's driver: it is pinned
-to the driver's node, so that losing another node (with trainer ranks or instances on it, which the
-job recovers) never takes it along.
+connects to the job's cluster, drops a command in the inbox and prints the fleet as the job last
+reported it. The controller takes the commands while it generates, and reports its fleet back. The
+inbox lives and dies with the job's driver: it is pinned to the driver's node, so that losing
+another node (with trainer ranks or instances on it, which the job recovers) never takes it along.
+
+Which cluster: with `--address` the one named; otherwise the one the job's driver recorded when it
+started (`record_job`: a small file per job under Ray's temporary root, `RAY_TMPDIR` or else the
+system's), so that jobs on this machine, each on an embedded cluster of its own, are told apart
+without asking every cluster. A job without a live record (on a `ray start` cluster that another
+user's shell started, say) is looked for with `ray.init(address="auto")`. A local cluster takes only
+clients that send its token (Ray 2.60): where `RAY_AUTH_MODE` is unset and a token is at hand, it is
+sent (`send_token_if_present`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -75,57 +85,75 @@ def running_jobs() -> list[str]:
     )
 
 
-def local_clusters() -> list[str]:
-    """The GCS addresses of the Ray clusters running on this machine: the one `ray start` recorded
-    last first, then every other whose raylet runs here (an embedded cluster records none). As
-    `ray.init(address="auto")` does for a cluster it finds here, the machine's Ray token
-    (`~/.ray/auth_token`, which Ray 2.60 gives every local cluster) is sent to them, unless
-    `RAY_AUTH_MODE` says otherwise; an explicit `--address` sends it only under RAY_AUTH_MODE=token."""
-    from ray._private.authentication.authentication_token_setup import (
-        maybe_enable_token_auth_if_token_available,
-    )
-    from ray._private.services import find_bootstrap_address, find_gcs_addresses
-
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-    recorded = find_bootstrap_address(None)
-    found = sorted(find_gcs_addresses())
-    return [recorded, *(a for a in found if a != recorded)] if recorded in found else found
+def jobs_dir() -> Path:
+    """Where this machine's running jobs record their cluster: under Ray's temporary root, so that
+    `rlsched scale` in a shell with the same root finds them."""
+    return Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "rlsched-jobs"
 
 
-@dataclass(frozen=True)
-class JobSearch:
-    """Where a job's inbox was found: the clusters holding one of that name, and every job seen."""
+def record_job(job: str, address: str) -> Callable[[], None]:
+    """Record that `job`'s driver (this process) runs on the cluster whose GCS is at `address`; the
+    function that removes the record again (only this driver's: a later job of the name keeps its
+    own)."""
+    path = jobs_dir() / f"{job}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"job": job, "address": address, "pid": os.getpid()}
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(body))
+    partial.replace(path)
 
-    holders: tuple[str, ...]
-    jobs: tuple[str, ...]
+    def forget() -> None:
+        if _read(path).get("pid") == os.getpid():
+            path.unlink(missing_ok=True)
+
+    return forget
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def recorded(job: str) -> str | None:
+    """The GCS address of the cluster `job`'s driver recorded, if that driver is still alive."""
+    body = _read(jobs_dir() / f"{job}.json")
+    address = body.get("address")
+    return address if isinstance(address, str) and _alive(body.get("pid")) else None
+
+
+def recorded_jobs() -> list[str]:
+    """The jobs whose drivers recorded a cluster here and are alive."""
+    if not jobs_dir().is_dir():
+        return []
+    return sorted(p.stem for p in jobs_dir().glob("*.json") if recorded(p.stem) is not None)
+
+
+def send_token_if_present() -> None:
+    """Ray 2.60 gives every local cluster a token (`~/.ray/auth_token`) and takes only clients that
+    send it, which `ray.init` does for an explicit address only under RAY_AUTH_MODE=token: set it
+    where the user has not chosen, and a token is at hand."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def connect(address: str) -> None:
+    send_token_if_present()
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
-
-
-def find_job(job: str, candidates: list[str]) -> JobSearch:
-    """Connects to each candidate cluster in turn and asks whether it holds `job`'s inbox. Leaves the
-    driver connected to the holder when exactly one candidate holds it and it was the last asked
-    (the usual case of one cluster: one connection); disconnected otherwise. A cluster that does not
-    answer (one shutting down as the search passes) is skipped; when none answers, its error is
-    raised."""
-    holders: list[str] = []
-    jobs: set[str] = set()
-    error: Exception | None = None
-    for i, address in enumerate(candidates):
-        try:
-            connect(address)
-        except (ConnectionError, RuntimeError) as err:
-            error = err
-            continue
-        names = running_jobs()
-        jobs.update(names)
-        if job in names:
-            holders.append(address)
-        if not (i == len(candidates) - 1 and holders == [address]):
-            ray.shutdown()
-    if error is not None and not holders and not jobs:
-        raise error
-    return JobSearch(tuple(holders), tuple(sorted(jobs)))

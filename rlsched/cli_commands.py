@@ -365,34 +365,35 @@ def cmd_scale(args: argparse.Namespace) -> int:
     """Add or remove rollout instances of a running job, or show its fleet."""
     import ray
 
-    from actors.scale import NAMESPACE, ScaleCommand, connect, find_job, inbox_name, local_clusters
+    from actors.scale import (
+        NAMESPACE,
+        ScaleCommand,
+        connect,
+        inbox_name,
+        recorded,
+        recorded_jobs,
+        running_jobs,
+    )
     from rlsched.policy.lifecycle import Leave
 
     if args.add < 0:
         raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")
-    candidates = [args.address] if args.address != "auto" else local_clusters() or ["auto"]
+    address = args.address if args.address != "auto" else recorded(args.job) or "auto"
     try:
-        search = find_job(args.job, candidates)
+        connect(address)
     except (ConnectionError, RuntimeError) as err:
         raise UserError(
-            f"no Ray cluster to scale at {args.address!r} ({err}); is the job running? "
+            f"no Ray cluster to scale at {address!r} ({err}); is the job running? "
             "Pass --address host:port of its head node"
         ) from None
-    if not search.holders:
-        jobs = ", ".join(search.jobs) or "none"
-        raise UserError(f"no running job named {args.job!r} on this machine's Ray clusters (running: {jobs})")
-    if len(search.holders) > 1:
-        raise UserError(
-            f"jobs named {args.job!r} run on {len(search.holders)} Ray clusters here "
-            f"({', '.join(search.holders)}); pass --address host:port of the one to scale"
-        )
-    if not ray.is_initialized():
-        connect(search.holders[0])
     try:
         try:
             inbox = ray.get_actor(inbox_name(args.job), namespace=NAMESPACE)
-        except ValueError:  # the job ended between the search and now
-            raise UserError(f"the job {args.job!r} is no longer running") from None
+        except ValueError:  # no such job on that cluster (or it ended meanwhile)
+            running = ", ".join(sorted({*running_jobs(), *recorded_jobs()})) or "none"
+            raise UserError(
+                f"no running job named {args.job!r} on the Ray cluster at {address} (running: {running})"
+            ) from None
         command = ScaleCommand(
             add=args.add,
             receiver_gbps=args.receiver_gbps,

@@ -41,7 +41,9 @@ _worker_tmpdir()
 # responsive. Beside a pytest worker at nice 0 on two cores, that let the plain modules starve the Ray
 # lane, the long pole: its actors got about a thirtieth of a contended core. Every cluster the tests
 # start (embedded in `rlsched run` subprocesses too, which inherit this) runs its workers at the
-# raylet's own priority instead, and the plain worker yields (`pytest_runtest_setup`).
+# raylet's own priority instead, as the plain worker's. (Lowering the plain worker's priority as well,
+# to nice 5, only moved the long pole: the plain modules then took 1,529 s, with the SmolLM2
+# conformance tests four times slower and an episode test's timing bound missed.)
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 
@@ -90,7 +92,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     Ray lane starts at once, the other worker takes the long plain modules first; plain loadscope
     hands out the units with the most tests first). Each worker still has its own temporary directory
     and Ray sessions under it (`_worker_tmpdir`), and `rlsched scale` finds a job on whichever cluster
-    of the machine holds it (`actors/scale.py find_job`)."""
+    of the machine holds it (the job records its cluster: `actors/scale.py record_job`)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -117,23 +119,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)
-
-
-PLAIN_WORKER_NICE = 5
-_first_test_seen = False
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under pytest-xdist, a worker whose first test is not in the Ray lane lowers its CPU priority
-    (`os.nice`, inherited by what it starts): the Ray lane is the long pole, and on two cores every
-    second the plain modules take from it lengthens the whole run, while the plain worker has minutes
-    of slack (docs/development.md, "CI's budget")."""
-    global _first_test_seen
-    if _first_test_seen:
-        return
-    _first_test_seen = True
-    if os.environ.get("PYTEST_XDIST_WORKER") and not is_ray_module(item.nodeid.split("::")[0]):
-        os.nice(PLAIN_WORKER_NICE)
 
 
 @pytest.hookimpl(optionalhook=True)
