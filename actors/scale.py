@@ -12,8 +12,9 @@ started (`record_job`: a small file per job under Ray's temporary root, `RAY_TMP
 system's), so that jobs on this machine, each on an embedded cluster of its own, are told apart
 without asking every cluster. A job without a live record (on a `ray start` cluster that another
 user's shell started, say) is looked for with `ray.init(address="auto")`. A local cluster takes only
-clients that send its token (Ray 2.60): where `RAY_AUTH_MODE` is unset and a token is at hand, it is
-sent (`send_token_if_present`).
+clients that send its token (Ray 2.60): `rlsched scale` sends it where `RAY_AUTH_MODE` is unset and a
+token is at hand (`rlsched.cli_commands.send_ray_token_if_present`, before Ray is imported: Ray reads
+the mode when it is imported).
 """
 
 from __future__ import annotations
@@ -143,17 +144,5 @@ def recorded_jobs() -> list[str]:
     return sorted(p.stem for p in jobs_dir().glob("*.json") if recorded(p.stem) is not None)
 
 
-def send_token_if_present() -> None:
-    """Ray 2.60 gives every local cluster a token (`~/.ray/auth_token`) and takes only clients that
-    send it, which `ray.init` does for an explicit address only under RAY_AUTH_MODE=token: set it
-    where the user has not chosen, and a token is at hand."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
-
-
 def connect(address: str) -> None:
-    send_token_if_present()
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -361,8 +362,21 @@ def cmd_template_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def send_ray_token_if_present() -> None:
+    """Ray 2.60 gives every local cluster a token (`~/.ray/auth_token`) and takes only clients that
+    send it, which `ray.init` does for an explicit address only under RAY_AUTH_MODE=token: set it
+    where the user has not chosen, and a token is at hand. Before Ray is imported: it reads the mode
+    then, and a later change is not seen."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     """Add or remove rollout instances of a running job, or show its fleet."""
+    send_ray_token_if_present()
     import ray
 
     from actors.scale import (

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.scale import jobs_dir, record_job, recorded, recorded_jobs, send_token_if_present
+from actors.scale import jobs_dir, record_job, recorded, recorded_jobs
+from rlsched.cli_commands import send_ray_token_if_present
 
 
 @pytest.fixture(autouse=True)
@@ -57,11 +58,11 @@ def test_the_token_is_sent_only_where_the_user_has_not_chosen(
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "")  # so that the test's own setting is undone after it
     monkeypatch.delenv("RAY_AUTH_MODE")
-    send_token_if_present()
+    send_ray_token_if_present()
     assert "RAY_AUTH_MODE" not in os.environ  # no token: nothing to send
     token.write_text("secret")
-    send_token_if_present()
+    send_ray_token_if_present()
     assert os.environ["RAY_AUTH_MODE"] == "token"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    send_token_if_present()
+    send_ray_token_if_present()
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
