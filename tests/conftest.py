@@ -121,16 +121,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return LongestFirst(config, log)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: object | None) -> None:
-    """The first pytest-xdist worker to finish creates the file named by RLSCHED_WORKER_DONE: `.ci/run`
-    waits for it to start the vLLM tests on the core that worker leaves (the Ray lane, the long pole,
-    runs on the other for several minutes more)."""
-    done = os.environ.get("RLSCHED_WORKER_DONE")
-    if done and not os.path.exists(done):
-        Path(done).write_text(f"{node.gateway.id}\n")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A Ray test outside a module marked `ray` as a whole would be timed as a plain module (and
     `make test-fast` would not leave it out as a module): refuse it, naming the test and the fix."""

@@ -141,7 +141,8 @@ def test_limits_end_episodes_with_typed_reasons(trained: Model) -> None:
     (run,) = trained.rollout(agent_cfg(), max_tokens=4).run(one, 1, "length")
     assert run.episode.ended is EndReason.LENGTH
     (run,) = trained.rollout(agent_cfg(max_wall_s=0.01)).run(one, 1, "wall")
-    assert run.episode.ended is EndReason.WALL_TIME and run.turns == 1
+    # 10 ms can run out before the first reply is sampled (a loaded machine): at most one turn
+    assert run.episode.ended is EndReason.WALL_TIME and run.turns <= 1
     run.episode.reward = 0.0
     assert er.train_items([run], train_truncated=False) == []
     assert len(er.train_items([run], train_truncated=True)) == 1
