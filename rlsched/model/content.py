@@ -56,11 +56,15 @@ def _content_special(tokenizer: Tokenizer) -> re.Pattern[str] | None:
 
 
 def render_shielded(
-    tokenizer: Tokenizer, render: Callable[[list[dict[str, Any]]], str], messages: Sequence[dict[str, Any]]
+    tokenizer: Tokenizer,
+    render: Callable[[list[dict[str, Any]]], str],
+    messages: Sequence[dict[str, Any]],
+    shield: bool = True,
 ) -> Rendered:
     """`render(messages)` (the template applied to transformers-style messages), with every special
-    token's string in a message's `content` kept as text (`Rendered.literal`)."""
-    pattern = _content_special(tokenizer)
+    token's string in a message's `content` kept as text (`Rendered.literal`); with `shield` off,
+    read as the tokens themselves (vLLM's behaviour)."""
+    pattern = _content_special(tokenizer) if shield else None
     nonce = secrets.token_hex(8)
     found: dict[str, str] = {}
 

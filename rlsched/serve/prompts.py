@@ -96,10 +96,7 @@ def render_chat(
 
         messages = [_hf_message(m) for m in req.messages]
         try:
-            if content is ContentTokens.TEXT:
-                rendered = render_shielded(tokenizer, apply, messages)
-            else:
-                rendered = Rendered(apply(messages))
+            rendered = render_shielded(tokenizer, apply, messages, content is ContentTokens.TEXT)
         except Exception as err:  # noqa: BLE001 - a template's raise_exception() is bad input
             raise PromptError(f"the chat template refused the messages: {err}") from None
         return Rendered(rendered.text + forced_prefix(req), rendered.literal), []
@@ -112,12 +109,14 @@ def render_chat(
         conversation = [
             Message(role="system" if m.role == "developer" else m.role, content=m.text) for m in req.messages
         ]
-        prefix = list(template.system_prefix_token_ids)
-        if content is ContentTokens.CONTROL:
-            return Rendered(template.render(conversation)), prefix
         turns = [m.model_dump() for m in conversation]
-        rendered = render_shielded(tokenizer, lambda ms: template.render([Message(**m) for m in ms]), turns)
-        return rendered, prefix
+        rendered = render_shielded(
+            tokenizer,
+            lambda ms: template.render([Message(**m) for m in ms]),
+            turns,
+            content is ContentTokens.TEXT,
+        )
+        return rendered, list(template.system_prefix_token_ids)
     except (UserError, ValueError) as err:
         raise PromptError(str(err)) from None
 
