@@ -33,6 +33,12 @@ def _worker_tmpdir() -> None:
     own.mkdir(exist_ok=True)
     os.environ["TMPDIR"] = os.environ["RAY_TMPDIR"] = str(own)
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    # one torch thread per worker (and in the CLI processes it starts, unless they set their own):
+    # two workers on two cores already fill them, and torch's two OpenMP threads wait on each other
+    # whenever the other worker holds a core. Measured on the 2-core AMD EPYC with a busy loop beside
+    # it: SmolLM2's no-cache greedy reference took 37.7 s with two threads, 21.9 s with one (12.2 s
+    # alone). Set before torch is imported, which reads it once.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 _worker_tmpdir()
@@ -54,6 +60,16 @@ RAY_MODULE = re.compile(r"^pytestmark = .*\bpytest\.mark\.ray\b", re.MULTILINE)
 def is_ray_module(path: str) -> bool:
     """Whether the test module at `path` (relative to the checkout) is marked `ray` as a whole."""
     return RAY_MODULE.search((ROOT / path).read_text()) is not None
+
+
+BUILDS_SHARED = re.compile(r"\bsmollm2_tools: Path\b")  # a test or fixture that asks for the shared model
+
+
+@functools.cache
+def builds_shared_model(path: str) -> bool:
+    """Whether a test module asks for the session's shared tool model (`smollm2_tools`, minutes to
+    build on a CPU)."""
+    return BUILDS_SHARED.search((ROOT / path).read_text()) is not None
 
 
 DURATIONS = json.loads((ROOT / "tests" / "durations.json").read_text())  # scripts/ci_profile.py durations
@@ -79,10 +95,20 @@ def scope_seconds(scope: str) -> float:
     return RAY_LANE_S if scope == "ray" else module_seconds(scope)
 
 
+def scope_rank(scope: str) -> tuple[int, float]:
+    """The order in which units are handed out: the Ray lane (the long pole) first, then the plain
+    modules that build the shared tool model, then the rest longest first. The plain worker thus
+    builds `smollm2_tools` while the Ray lane runs its first modules, and the Ray lane's agent tests
+    find it built: when the Ray lane built it, the lane waited 263 s for it (CI at 0f7257c)."""
+    if scope == "ray":
+        return (0, 0.0)
+    return (1 if builds_shared_model(scope) else 2, -scope_seconds(scope))
+
+
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the plugin
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadscope` by module (plain loadscope splits a module by class), the Ray modules
-    together in one lane, the longest first.
+    together in one lane, handed out by `scope_rank`.
 
     A module's tests run on one worker, so its module-scoped fixtures (a job's run, a trained model,
     files planted on the host) are made once. The Ray modules run on one worker in turn: on two
@@ -90,9 +116,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     docs/development.md), so the lane is the long pole whatever the split. Units are handed out
     longest first by their seconds in tests/durations.json (the longest-processing-time rule: the
     Ray lane starts at once, the other worker takes the long plain modules first; plain loadscope
-    hands out the units with the most tests first). Each worker still has its own temporary directory
-    and Ray sessions under it (`_worker_tmpdir`), and `rlsched scale` finds a job on whichever cluster
-    of the machine holds it (the job records its cluster: `actors/scale.py record_job`)."""
+    hands out the units with the most tests first), except that the plain modules which build the
+    shared tool model come before the other plain ones (`scope_rank`). Each worker still has its own
+    temporary directory and Ray sessions under it (`_worker_tmpdir`), and `rlsched scale` finds a job
+    on whichever cluster of the machine holds it (the job records its cluster: `actors/scale.py
+    record_job`)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -112,13 +140,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             # their index in its own collection (reordering the registered collection sent each
             # worker other tests than the scheduler meant, splitting modules between workers)
             if not self._ordered:
-                ordered = sorted(self.workqueue.items(), key=lambda unit: -scope_seconds(unit[0]))
+                ordered = sorted(self.workqueue.items(), key=lambda unit: scope_rank(unit[0]))
                 self.workqueue.clear()
                 self.workqueue.update(ordered)
                 self._ordered = True
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """The first pytest-xdist worker to finish creates the file named by RLSCHED_WORKER_DONE: `.ci/run`
+    waits for it to start the vLLM tests on the core that worker leaves (the Ray lane, the long pole,
+    runs on the other for several minutes more)."""
+    done = os.environ.get("RLSCHED_WORKER_DONE")
+    if done and not os.path.exists(done):
+        Path(done).write_text(f"{node.gateway.id}\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
