@@ -33,6 +33,7 @@ from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox, record_job
 from rlsched.config import EngineKind, JobConfig
 from rlsched.core.demand import job_spec, required_resources
+from rlsched.core.fleet import FleetTrace
 from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError
 from rlsched.metrics.plots import summary_png
@@ -267,6 +268,7 @@ def run_job(
         )
     started = connect(cfg, address)
     controller: JobController | None = None
+    trace: FleetTrace | None = None
     client: ClusterClient | None = None
     preempted, failure = False, ""
     forget: Callable[[], None] | None = None
@@ -284,6 +286,8 @@ def run_job(
         controller = JobController(
             cfg, log=log, out_dir=out_dir, inbox=inbox, cluster=client, groups=groups, start=start
         )
+        if cfg.run.record_fleet:
+            trace = controller.fleet.record()
         log(
             f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
             f"({cfg.trainer.strategy.value}, {cfg.trainer.placement_strategy.value}), "
@@ -305,6 +309,8 @@ def run_job(
             forget()
         if controller is not None:
             controller.shutdown()
+        if trace is not None:
+            trace.save(out_dir / "fleet_trace.pkl")
         if client is not None and failure:
             client.failed(failure)
         elif client is not None:

@@ -659,6 +659,11 @@ class RunConfig(Section):
     out_dir: Path = Field(
         Path("runs/latest"), description="where the run writes its records, report and checkpoint"
     )
+    record_fleet: bool = Field(
+        False,
+        description="keep every event the rollout fleet's core is fed and the effects it returned, in "
+        "fleet_trace.pkl in the out dir: the record rlsched.sim.replay replays in virtual time",
+    )
 
 
 class JobConfig(Section):

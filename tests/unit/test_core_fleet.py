@@ -7,15 +7,19 @@ are checked effect by effect; `WeightBook` is checked directly.
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from rlsched.core import fleet_io as fx
-from rlsched.core.fleet import FleetCore
+from rlsched.core.fleet import FleetCore, FleetTrace
+from rlsched.core.trace import load_trace
 from rlsched.core.weights import WeightBook
 from rlsched.policy.lifecycle import IllegalTransition, InstanceState, Leave, VersionState
 from rlsched.policy.resume import Restart, ResumeCost
+from rlsched.sim.replay import compare, replay
 
 T = TypeVar("T")
 JOIN, CATCH_UP, RELOAD = fx.PullWhy.JOIN, fx.PullWhy.CATCH_UP, fx.PullWhy.RELOAD
@@ -542,3 +546,17 @@ def test_an_instance_reclaimed_while_it_swaps_under_a_running_batch_loses_nothin
     resumed = c.handle(fx.SavedRead(2.5, "rollout-0", (("r1", 3),)))
     assert only(resumed, fx.Route) == [fx.Route("rollout-1", ("r1",), 2, (3,))]
     assert c.serving_versions() == {"rollout-1": 1} and c.outstanding == 1
+
+
+def test_a_saved_trace_loads_back_and_replays_to_the_same_effects(tmp_path: Path) -> None:
+    """`run.record_fleet`'s file: what a job saved, read back, replays as it was recorded."""
+    c = FleetCore(fx.FleetParams())
+    trace = FleetTrace.begin(c)
+    for event in (fx.Added(0.0, "a"), fx.Published(1.0, 0), fx.ReloadAsked(2.0), fx.PullDone(3.0, "a", 0)):
+        trace.add(event, c.handle(event))
+    trace.save(tmp_path / "fleet_trace.pkl")
+    loaded = load_trace(tmp_path / "fleet_trace.pkl")
+    assert loaded.steps == trace.steps and compare(loaded, replay(loaded)) == []
+    (tmp_path / "other.pkl").write_bytes(pickle.dumps({"not": "a trace"}))
+    with pytest.raises(TypeError, match="not a recorded trace"):
+        load_trace(tmp_path / "other.pkl")
