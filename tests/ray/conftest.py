@@ -1,7 +1,9 @@
-"""One real local Ray session per test module (ray.init costs about 5-10 s on 2 cores), shared by the
-module's tests, and the check that keeps them apart: after each test, nothing that test started is
-left on the cluster, no live actor, no placement group, no named actor. What a module-scoped fixture
-holds (a job, a fleet) was made before the test began and is not the test's."""
+"""One real local Ray cluster for the modules of tests/ray (ray.init costs about 5-10 s on 2 cores,
+and a module of its own each cost the Ray lane about 35 s in all), and the checks that keep its users
+apart: after each test, nothing that test started is left on the cluster, no live actor, no placement
+group, no named actor; after each module, nothing the module started either (its module fixtures, a
+job or a fleet, are stopped by then). What a module-scoped fixture holds was made before its tests
+began and is not theirs."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import pytest
 import ray
 
 
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
     # two logical GPUs (this machine has none): GPU-stage verifier workers can be placed, and their
     # runs then find no device and say so
     ray.init(
@@ -22,6 +24,16 @@ def ray_session() -> Iterator[None]:
     )
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_session(ray_cluster: None) -> Iterator[None]:
+    """The shared cluster, for one module: when the module is done (its module fixtures torn down
+    first, as they depend on this one), nothing it started is alive."""
+    before = Held.now()
+    yield
+    left = settled(before)
+    assert not left, f"the module left on the shared Ray session: {'; '.join(left)}"
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,13 @@ def nothing_left_on_the_cluster() -> Iterator[None]:
         return
     before = Held.now()
     yield
-    deadline = time.monotonic() + 15
+    left = settled(before)
+    assert not left, f"the test left on the shared Ray session: {'; '.join(left)}"
+
+
+def settled(before: Held, wait_s: float = 15.0) -> list[str]:
+    """What is alive beyond `before`, once a killed actor has had `wait_s` to be marked dead."""
+    deadline = time.monotonic() + wait_s
     while (left := Held.now().left_beyond(before)) and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert not left, f"the test left on the shared Ray session: {'; '.join(left)}"
+    return left

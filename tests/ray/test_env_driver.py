@@ -37,6 +37,7 @@ def host(ray_session: None) -> Iterator[Any]:
     ray.get(handle.report.remote())
     yield handle
     ray.get(handle.shutdown.remote())
+    ray.kill(handle)  # the cluster is shared with the other modules of tests/ray
 
 
 def drive(host: Any, policy: EnvPolicy) -> Any:
