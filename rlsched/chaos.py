@@ -47,6 +47,10 @@ SETS = [
     "task.eval_size=64",
     "eval.curve_size=32",
     "trainer.collective_timeout_s=20",
+    # every iteration is checked (and the curve against an uninterrupted run's): the default time
+    # budget, 180 s, would end a run early on a slow CPU, and a recovery makes the trial slower than
+    # its reference, so the two would stop after different iterations
+    "grpo.time_budget_s=3600",
 ]
 
 

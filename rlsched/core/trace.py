@@ -36,6 +36,7 @@ class Trace(Generic[C, E, F]):
 
     def save(self, path: Path) -> None:
         """Write the trace to `path` as a pickle (whole or not at all: a temporary file renamed)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_bytes(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
         tmp.replace(path)

@@ -43,7 +43,10 @@ def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
     out = tmp_path_factory.mktemp("runs") / "elastic"
     job = subprocess.Popen(
         [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/elastic.yaml", "--out", str(out),
-         "--set", "run.record_fleet=true"],
+         "--set", "run.record_fleet=true",
+         # all four iterations are checked: the default time budget (180 s) would end the run early
+         # on a slower CPU (likely the 3 iterations of 4 seen on an AVX2-only machine)
+         "--set", "grpo.time_budget_s=1800"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     try:
