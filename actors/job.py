@@ -46,6 +46,7 @@ from rlsched.rl import agent as ag
 from rlsched.rl.evaluate import EvalResult
 from rlsched.rl.task import build_task, check_prompts
 from rlsched.store.partial import PartialStore, StoreError
+from rlsched.store.traces import save_trace
 
 
 @dataclass
@@ -310,7 +311,7 @@ def run_job(
         if controller is not None:
             controller.shutdown()
         if trace is not None:
-            trace.save(out_dir / "fleet_trace.pkl")
+            save_trace(trace, out_dir / "fleet_trace.pkl")
         if client is not None and failure:
             client.failed(failure)
         elif client is not None:

@@ -29,8 +29,8 @@ from rlsched.core.fleet_io import (
     StartInstance,
     StartPull,
 )
-from rlsched.core.trace import load_trace
 from rlsched.sim.replay import compare, replay
+from rlsched.store.traces import load_trace
 from tests.helpers import ROOT, committed, rlsched, spans, wait_for
 
 pytestmark = pytest.mark.ray

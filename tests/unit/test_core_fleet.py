@@ -15,11 +15,11 @@ import pytest
 
 from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore, FleetTrace
-from rlsched.core.trace import load_trace
 from rlsched.core.weights import WeightBook
 from rlsched.policy.lifecycle import IllegalTransition, InstanceState, Leave, VersionState
 from rlsched.policy.resume import Restart, ResumeCost
 from rlsched.sim.replay import compare, replay
+from rlsched.store.traces import load_trace, save_trace
 
 T = TypeVar("T")
 JOIN, CATCH_UP, RELOAD = fx.PullWhy.JOIN, fx.PullWhy.CATCH_UP, fx.PullWhy.RELOAD
@@ -554,7 +554,7 @@ def test_a_saved_trace_loads_back_and_replays_to_the_same_effects(tmp_path: Path
     trace = FleetTrace.begin(c)
     for event in (fx.Added(0.0, "a"), fx.Published(1.0, 0), fx.ReloadAsked(2.0), fx.PullDone(3.0, "a", 0)):
         trace.add(event, c.handle(event))
-    trace.save(tmp_path / "fleet_trace.pkl")
+    save_trace(trace, tmp_path / "fleet_trace.pkl")
     loaded = load_trace(tmp_path / "fleet_trace.pkl")
     assert loaded.steps == trace.steps and compare(loaded, replay(loaded)) == []
     (tmp_path / "other.pkl").write_bytes(pickle.dumps({"not": "a trace"}))
