@@ -191,6 +191,7 @@ class Fleet:
             self.cfg.weights.staged_load,
             PREFIX_CACHE_BLOCKS * BLOCK if self.cfg.agent.enabled else 0,  # turns extend the last
             str(r.swap_kv),
+            self.cfg.engine.batch_invariant,
         )
         self._seeds += 1
         self.ingress[e.name] = e.ingress_bps

@@ -123,11 +123,13 @@ def _torch_engine(
     dtype: str,
     prefix_cache_tokens: int,
     swap_kv: SwapKV = SwapKV.RECOMPUTE,
+    batch_invariant: bool = True,
 ) -> RolloutEngine:
     ckpt = load_checkpoint(path, dtype=engine_dtype(dtype))
     return TorchRolloutEngine(
         ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed,
         prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK), swap_kv=swap_kv,
+        batch_invariant=batch_invariant,
     )  # fmt: skip
 
 
@@ -152,12 +154,14 @@ class Instance:
         stage: bool = True,
         prefix_cache_tokens: int = 0,
         swap_kv: str = "recompute",
+        batch_invariant: bool = True,
     ) -> None:
         """`stage`: load each version while it arrives where the engine can (False: after the whole
         file is in, the sequential baseline). `prefix_cache_tokens`: keys and values a torch engine
         keeps for requests that share a prefix (the endpoint's multi-turn episodes); 0: none.
         `swap_kv`: a version swapped in under running requests recomputes their keys and values, or
-        keeps them (`rlsched.policy.versions.SwapKV`)."""
+        keeps them (`rlsched.policy.versions.SwapKV`). `batch_invariant`: the torch engine's
+        `engine.batch_invariant`."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
@@ -168,7 +172,14 @@ class Instance:
                 _vllm_engine(path, max_batch, seed)
                 if EngineKind(engine) is EngineKind.VLLM
                 else _torch_engine(
-                    path, max_batch, use_cache, seed, dtype, prefix_cache_tokens, SwapKV(swap_kv)
+                    path,
+                    max_batch,
+                    use_cache,
+                    seed,
+                    dtype,
+                    prefix_cache_tokens,
+                    SwapKV(swap_kv),
+                    batch_invariant,
                 )
             )
         except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later

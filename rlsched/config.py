@@ -61,6 +61,11 @@ class EngineConfig(Section):
     use_cache: bool = Field(
         True, description="false: recompute every sequence whole at each step (a slow baseline)"
     )
+    batch_invariant: bool = Field(
+        True,
+        description="the torch engine gives a request the same tokens and log-probs in any batch (a "
+        "recovered run's curve equals the uninterrupted one's); false: a lone row's step runs faster",
+    )
 
 
 class SamplingConfig(Section):

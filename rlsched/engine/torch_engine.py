@@ -60,6 +60,7 @@ from rlsched.engine.protocol import (
     WeightVersion,
     check_fits,
 )
+from rlsched.engine.row_floor import make_batch_invariant
 from rlsched.engine.sampling import RowSamplers, repetition_penalized, select_tokens, top_logprobs
 from rlsched.engine.staging import ModelStage
 from rlsched.engine.turns import Turns
@@ -126,12 +127,17 @@ class TorchRolloutEngine:
         use_cache: bool = True,
         prefix_cache_blocks: int = 0,
         swap_kv: SwapKV = SwapKV.RECOMPUTE,
+        batch_invariant: bool = True,
     ) -> None:
         """`prefix_cache_blocks`: blocks of 16 tokens whose keys and values are kept for requests
         that share a prefix (`rlsched.engine.prefix_cache`; 0: none). `swap_kv`: what becomes of a
-        running request's keys and values when a new version is swapped in under it."""
+        running request's keys and values when a new version is swapped in under it.
+        `batch_invariant`: a request's tokens and log-probs the same whatever batch it runs in
+        (`rlsched.engine.row_floor`; the model's linear layers keep the floor)."""
         register()
         model.set_attn_implementation(ATTENTION)
+        if batch_invariant:
+            make_batch_invariant(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch

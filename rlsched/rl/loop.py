@@ -109,6 +109,7 @@ class GRPOLoop:
             use_cache=cfg.engine.use_cache,
             seed=cfg.run.seed,
             prefix_cache_blocks=PREFIX_CACHE_BLOCKS if cfg.agent.enabled else 0,
+            batch_invariant=cfg.engine.batch_invariant,
         )
         self.engine.load_weights(to_bf16_bytes(self.policy), WeightVersion(0))  # the published BF16 values
         self.template = self.ckpt.template
