@@ -123,7 +123,7 @@ def _torch_engine(
     dtype: str,
     prefix_cache_tokens: int,
     swap_kv: SwapKV = SwapKV.RECOMPUTE,
-    batch_invariant: bool = True,
+    batch_invariant: bool = False,
 ) -> RolloutEngine:
     ckpt = load_checkpoint(path, dtype=engine_dtype(dtype))
     return TorchRolloutEngine(
@@ -154,7 +154,7 @@ class Instance:
         stage: bool = True,
         prefix_cache_tokens: int = 0,
         swap_kv: str = "recompute",
-        batch_invariant: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         """`stage`: load each version while it arrives where the engine can (False: after the whole
         file is in, the sequential baseline). `prefix_cache_tokens`: keys and values a torch engine

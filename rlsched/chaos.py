@@ -51,6 +51,9 @@ SETS = [
     # budget, 180 s, would end a run early on a slow CPU, and a recovery makes the trial slower than
     # its reference, so the two would stop after different iterations
     "grpo.time_budget_s=3600",
+    # the curve is compared loss for loss: a requeued request regenerated in another batch must get
+    # the log-probs of its first attempt (rlsched/engine/row_floor.py)
+    "engine.batch_invariant=true",
 ]
 
 

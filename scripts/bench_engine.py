@@ -7,9 +7,9 @@ this machine before its removal, docs/benchmarks/handwritten_engine_base.json).
     .venv/bin/python scripts/bench_engine.py --checkpoint models/smollm2-135m-instruct --batches 1 8 32
     LD_PRELOAD=.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python scripts/bench_engine.py   # adds vLLM
 
-Peers: the torch engine as jobs run it (`engine.batch_invariant`, the default: linear layers run at
-least 4 rows, so a request's log-probs do not depend on its batch) and without that floor
-(`torch_no_floor`), HF `generate`, and vLLM where installed.
+Peers: the torch engine, the same with `engine.batch_invariant` (`torch_invariant`: linear layers
+run at least 4 rows, so a request's log-probs do not depend on its batch), HF `generate`, and vLLM
+where installed.
 
 Workload: the checkpoint's chat template around the toy task's held-out problems, sampling at
 temperature 1 (each engine seeded with `--seed`) and no stop tokens, so every request decodes exactly
@@ -198,13 +198,13 @@ def handwritten_figures(checkpoint: Path) -> dict[int, float]:
 def engines(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     ck = load_checkpoint(args.checkpoint, dtype=dtype)
     hf = load_checkpoint(args.checkpoint, dtype=dtype)
-    free = load_checkpoint(args.checkpoint, dtype=dtype)  # its own modules: the row floor stays off
+    floored = load_checkpoint(args.checkpoint, dtype=dtype)  # its own modules: the row floor on them
     pad = ck.tokenizer.pad_token_id if ck.tokenizer.pad_token_id is not None else 0
     rows = max(args.batches)
     made: dict[str, Any] = {
         "torch": TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=rows, seed=args.seed),
-        "torch_no_floor": TorchRolloutEngine(
-            free.model, free.tokenizer, max_batch=rows, seed=args.seed, batch_invariant=False
+        "torch_invariant": TorchRolloutEngine(
+            floored.model, floored.tokenizer, max_batch=rows, seed=args.seed, batch_invariant=True
         ),
         "hf_generate": HFGenerate(hf.model, pad),
     }
@@ -241,7 +241,7 @@ def measure(args: argparse.Namespace, made: dict[str, Any]) -> tuple[list[dict[s
         for k, v in figures.items():
             if k != "hf_generate":
                 row[f"{k}_vs_hf_generate"] = round(v / figures["hf_generate"], 2)
-        row["torch_vs_torch_no_floor"] = round(figures["torch"] / figures["torch_no_floor"], 2)
+        row["torch_invariant_vs_torch"] = round(figures["torch_invariant"] / figures["torch"], 2)
         if batch in handwritten:
             row["handwritten_tok_s"] = handwritten[batch]
             row["torch_vs_handwritten"] = round(figures["torch"] / handwritten[batch], 2)

@@ -8,17 +8,20 @@ per-row operation (norms, attention over the row's own cache, softmax) is indepe
 other rows. The matmuls are not: on the CPU a linear layer over 1 to 3 rows (`M` in BLAS terms)
 takes another kernel than over 4 or more, and its sums come out in another order. Measured with
 torch 2.13's fp32 `F.linear` on an AMD EPYC (AVX-512 and held to AVX2 alike): rows of an `M` in
-{1, 2, 3} product differ in the last bits from the same rows of a larger product, every `M` from
-4 to 4096 agrees. The quickstart's 64 seeded requests, generated alone, gave other log-probs for 14
-of 16; in batches of 5 (whose last decode steps run 1 to 4 rows), for 6 of 64.
+{1, 2, 3} product differ in the last bits from the same rows of a 4,096-row product; every `M`
+tried from 4 up (4 to 32, and 11 sizes from 47 to 3,000) agrees. Of the quickstart's 64 seeded
+requests of one iteration, 14 of the first 16 got other log-probs generated alone than in one batch
+of 64, and 6 of 64 in batches of 5 (whose last decode steps run 1 to 4 rows).
 
-So the engine's linear layers compute at least `ROW_FLOOR` rows: a smaller input is padded with
-zero rows and the result cut back. That costs a lone row's decode step about the time of four rows:
-SmolLM2 decoding one request ran at 0.64x the tokens/s in fp32, 0.87x in BF16 (`bench_engine.py`).
-A job's batches pay it only in their last steps; `engine.batch_invariant: false` turns it off, and
-`rlsched serve` on its own, which regenerates nothing, runs without it. BF16 on a
-CPU with BF16 units runs through oneDNN and agreed without the floor in the same measurement; GPUs
-are not covered (cuBLAS picks kernels by shape in other ways).
+So with `engine.batch_invariant: true` the engine's linear layers compute at least `ROW_FLOOR`
+rows: a smaller input is padded with zero rows and the result cut back. BF16 needs it as much:
+SmolLM2 in BF16 here gave 5 of 6 seeded requests other tokens alone than in a batch of 16 without
+the floor, none with it. It costs a lone row's decode step about the time of four rows: SmolLM2
+decoding one request ran at 0.64x the tokens/s in fp32 and 0.87x in BF16 (`bench_engine.py`), and
+the multi-turn tests, whose instances run a few episodes each, ran 15% longer. So it is off by
+default (as vLLM's batch-invariant mode is) and on where a run must reproduce itself: the chaos
+trials, which compare a recovered run's curve with an uninterrupted one's. GPUs are not covered:
+cuBLAS picks kernels by shape in other ways.
 """
 
 from __future__ import annotations

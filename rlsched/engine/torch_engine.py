@@ -127,7 +127,7 @@ class TorchRolloutEngine:
         use_cache: bool = True,
         prefix_cache_blocks: int = 0,
         swap_kv: SwapKV = SwapKV.RECOMPUTE,
-        batch_invariant: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         """`prefix_cache_blocks`: blocks of 16 tokens whose keys and values are kept for requests
         that share a prefix (`rlsched.engine.prefix_cache`; 0: none). `swap_kv`: what becomes of a

@@ -67,14 +67,11 @@ def served_from(
     seed: int = 0,
     prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
 ) -> Served:
-    """`local_served` for a checkpoint already loaded (a test's fine-tuned model). Its engine runs
-    without the row floor (`rlsched.engine.row_floor`): a server on its own regenerates nothing, and
-    a lone stream costs 1.15x (BF16) to 1.6x (fp32) with it, on SmolLM2 here. A job's rollout
-    instances keep `engine.batch_invariant`, since a requeued request must reproduce its first try."""
+    """`local_served` for a checkpoint already loaded (a test's fine-tuned model)."""
     prompts = with_chat_template(ckpt.tokenizer, ckpt.template, chat_template)
     engine = TorchRolloutEngine(
         ckpt.model, ckpt.tokenizer, max_batch=max_batch, seed=seed,
-        prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK), batch_invariant=False,
+        prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK),
     )  # fmt: skip
     return Served(LocalEngine(engine), ckpt.tokenizer, prompts, model_name or ckpt.path.name)
 
