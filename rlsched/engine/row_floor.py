@@ -18,10 +18,10 @@ rows: a smaller input is padded with zero rows and the result cut back. BF16 nee
 SmolLM2 in BF16 here gave 5 of 6 seeded requests other tokens alone than in a batch of 16 without
 the floor, none with it. It costs a lone row's decode step about the time of four rows: SmolLM2
 decoding one request ran at 0.64x the tokens/s in fp32 and 0.87x in BF16 (`bench_engine.py`), and
-the multi-turn tests, whose instances run a few episodes each, ran 15% longer. So it is off by
-default (as vLLM's batch-invariant mode is) and on where a run must reproduce itself: the chaos
-trials, which compare a recovered run's curve with an uninterrupted one's. GPUs are not covered:
-cuBLAS picks kernels by shape in other ways.
+the multi-turn Ray test, whose instances run a few episodes each, took 144 s with it against 117 s.
+So it is off by default (as vLLM's batch-invariant mode is) and on where a run must reproduce
+itself: the chaos trials, which compare a recovered run's curve with an uninterrupted one's. GPUs
+are not covered: cuBLAS picks kernels by shape in other ways.
 """
 
 from __future__ import annotations
