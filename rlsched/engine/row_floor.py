@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 ROW_FLOOR = 4  # the fewest rows a CPU matmul runs with the kernel every larger batch runs
-_MARK = "_rlsched_row_floor"
 
 
 def floor_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -50,13 +49,9 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return floor_rows(x, self.weight, self.bias)
 
 
-def make_batch_invariant(model: Any) -> int:
-    """Give every `nn.Linear` of `model` the row floor (once; the model keeps it); how many there are."""
-    count = 0
+def make_batch_invariant(model: Any) -> None:
+    """Give every `nn.Linear` of `model` the row floor; the model keeps it (a second call finds it
+    there). Subclasses (quantized, LoRA) keep their own forward."""
     for module in model.modules():
-        if type(module) is torch.nn.Linear:  # subclasses (quantized, LoRA) keep their own forward
-            if not getattr(module, _MARK, False):
-                module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
-                setattr(module, _MARK, True)
-            count += 1
-    return count
+        if type(module) is torch.nn.Linear and getattr(module.forward, "__func__", None) is not _forward:
+            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
