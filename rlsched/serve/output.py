@@ -24,12 +24,16 @@ log = logging.getLogger(__name__)
 
 
 class ChoiceText:
-    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str], tool_tag: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, stops: Sequence[str], tool_tag: str | None = None, opened: bool = False
+    ) -> None:
         """`tool_tag`: where tools are offered, the text from this tag on is held back (it may be a
-        call, parsed when the sample finishes)."""
+        call, parsed when the sample finishes). `opened`: the reply begins inside a call the prompt
+        opened (a named or required `tool_choice`), so all of it is held back."""
         self._tok = tokenizer
         self._detok = IncrementalDetokenizer(tokenizer)
         self._watch = tuple(s for s in (*stops, tool_tag or "") if s)
+        self._opened = opened
         self.sent = ""  # the text streamed so far
         self.token_ids: list[int] = []
         self.logprobs: list[dict[str, Any]] = []
@@ -41,6 +45,8 @@ class ChoiceText:
             self._detok.push(ev.token_id)
             if with_logprobs:
                 self.logprobs.append(self._logprob_entry(ev))
+        if self._opened:  # inside the opened call: the parser has it all when the sample finishes
+            return ""
         text = self._detok.text
         found = [at for s in self._watch if (at := text.find(s)) >= 0]
         if found:  # a stop string (the sample's text ends before it) or the tool tag

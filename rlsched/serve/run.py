@@ -104,7 +104,8 @@ class Run:
         self.tools = tools
         self.forced = forced
         stops = params[0].stop
-        self.choices = [ChoiceText(served.tokenizer, stops, TOOL_TAG if tools else None) for _ in params]
+        tag = TOOL_TAG if tools else None
+        self.choices = [ChoiceText(served.tokenizer, stops, tag, opened=bool(forced)) for _ in params]
         self.samples: list[Sample | None] = [None] * len(params)
         self.replies: list[ToolReply | None] = [None] * len(params)
         self.events: asyncio.Queue[Event] = asyncio.Queue()
