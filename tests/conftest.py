@@ -62,13 +62,13 @@ def is_ray_module(path: str) -> bool:
     return RAY_MODULE.search((ROOT / path).read_text()) is not None
 
 
-BUILDS_SHARED = re.compile(r"\bsmollm2_tools: Path\b")  # a test or fixture that asks for the shared model
+BUILDS_SHARED = re.compile(r"\btool_model: Path\b")  # a test or fixture that asks for the shared model
 
 
 @functools.cache
 def builds_shared_model(path: str) -> bool:
-    """Whether a test module asks for the session's shared tool model (`smollm2_tools`, minutes to
-    build on a CPU)."""
+    """Whether a test module asks for the session's shared tool model (`tool_model`, tens of
+    seconds to build on a CPU)."""
     return BUILDS_SHARED.search((ROOT / path).read_text()) is not None
 
 
@@ -98,7 +98,7 @@ def scope_seconds(scope: str) -> float:
 def scope_rank(scope: str) -> tuple[int, float]:
     """The order in which units are handed out: the Ray lane (the long pole) first, then the plain
     modules that build the shared tool model, then the rest longest first. The plain worker thus
-    builds `smollm2_tools` while the Ray lane runs its first modules, and the Ray lane's agent tests
+    builds `tool_model` while the Ray lane runs its first modules, and the Ray lane's agent tests
     find it built: when the Ray lane built it, the lane waited 263 s for it (CI at 0f7257c)."""
     if scope == "ray":
         return (0, 0.0)
@@ -237,18 +237,18 @@ def built_once(out: Path, build: Callable[[Path], None]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tools(smollm2_dir: Path) -> Path:
-    """SmolLM2 that calls the calculator (tests/agent_model.py: the user's warm-up script for one
-    step, then twelve steps on four teacher episodes, FP32): built once and kept under the checkout in
-    `models/cache/`, keyed by the digest of what it is built from, so every test, worker and later
-    session reuses it."""
+def tool_model(smollm2_dir: Path) -> Path:
+    """A tiny model with SmolLM2's tokenizer that calls the calculator (tests/agent_model.py: the
+    user's warm-up script for one step, then the four teacher episodes learned by heart, FP32): built
+    once and kept under the checkout in `models/cache/`, keyed by the digest of what it is built from,
+    so every test, worker and later session reuses it."""
     from rlsched.config import Precision
     from rlsched.model.precision import train_precision
     from tests import agent_model
 
     inputs = [ROOT / p for p in agent_model.INPUTS]
     provenance = sorted(f"{p.name}:{p.stat().st_size}" for p in smollm2_dir.iterdir() if p.is_file())
-    resolved = str(train_precision(Precision.AUTO))  # auto trains bf16 or fp32 by the CPU
+    resolved = str(train_precision(Precision.AUTO))  # the warm-up script's step: bf16 or fp32 by the CPU
     key = content_digest(inputs, *provenance, resolved)
-    out = ROOT / "models" / "cache" / f"smollm2-tools-{key}"
+    out = ROOT / "models" / "cache" / f"tool-model-{key}"
     return built_once(out, lambda tmp: agent_model.build(smollm2_dir, tmp))

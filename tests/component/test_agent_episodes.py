@@ -1,13 +1,13 @@
 """Multi-turn episodes with a real model and real sandboxed tools (`rlsched.rl.agent`).
 
-SmolLM2-135M-Instruct, shown the shipped tools template, fine-tuned on four teacher episodes: three
-calculator episodes (`rlsched.rl.tool_warmup`) and one whose reply is a call that does not parse
-(the `smollm2_tools` model of tests/agent_model.py, built once per checkout and shared with the job
-test). Greedy episodes then call the real calculator in a sandbox and answer; a calculator that
-hangs is stopped at its timeout and the model reads an error; the broken call is answered with an
-error observation; limits end episodes with typed reasons; an environment that cannot be prepared is
-retried and then a fault, never a zero reward; and nothing of any environment is left afterwards.
-Slow: about a minute.
+A tiny Llama with SmolLM2-135M-Instruct's tokenizer, shown the shipped tools template, that has learned
+four teacher episodes by heart: three calculator episodes (`rlsched.rl.tool_warmup`) and one whose
+reply is a call that does not parse (the `tool_model` of tests/agent_model.py, built once per checkout
+and shared with the job test). Greedy episodes then call the real calculator in a sandbox and answer;
+a calculator that hangs is stopped at its timeout and the model reads an error; the broken call is
+answered with an error observation; limits end episodes with typed reasons; an environment that cannot
+be prepared is retried and then a fault, never a zero reward; and nothing of any environment is left
+afterwards.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ class Model:
 
 
 @pytest.fixture(scope="module")
-def trained(smollm2_tools: Path) -> Model:
-    ckpt = load_checkpoint(smollm2_tools, dtype=torch.float32)
+def trained(tool_model: Path) -> Model:
+    ckpt = load_checkpoint(tool_model, dtype=torch.float32)
     ckpt.tokenizer.hf.chat_template = TEMPLATE.read_text()
     return Model(ckpt.tokenizer, ckpt.model.eval(), teacher_problems())
 

@@ -1,8 +1,10 @@
-"""Tool calls from a real model through the `openai` client: SmolLM2-135M-Instruct, served with the
-shipped tools template (configs/chat_templates/smollm2_tools.jinja), fine-tuned in the fixture for
-four steps to answer one question with a `<tool_call>`. The call comes back parsed as `tool_calls`
-(streamed and not), an agent's next turn with the tool's result renders, `tool_choice` none / named
-behave, and a call cut short is text with `finish_reason: length`, never a 500. Slow: about 30 s."""
+"""Tool calls from a real model through the `openai` client: a tiny Llama with SmolLM2-135M-Instruct's
+tokenizer, served with the shipped tools template (configs/chat_templates/smollm2_tools.jinja), that
+learns in the fixture to answer one question with a `<tool_call>` (tests/agent_model.py makes it).
+The call comes back parsed as `tool_calls` (streamed and not), an agent's next turn with the tool's
+result renders, `tool_choice` none / named behave, and a call cut short is text with
+`finish_reason: length`, never a 500. The tokens, template and parser are SmolLM2's; only the weights
+are small (SmolLM2 itself took about a minute more here)."""
 
 from __future__ import annotations
 
@@ -36,26 +38,34 @@ WEATHER: Any = {
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+RAIN = [{"role": "user", "content": "Is it raining in Paris?"}]
+OPENED = '<tool_call>\n{"name": "get_weather", "arguments": '  # how a named tool_choice starts the reply
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir: Path) -> Iterator[Running]:
-    ckpt = load_checkpoint(smollm2_dir, dtype=torch.float32)
+def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    from rlsched.rl.batching import pack
+    from tests.agent_model import learn_by_heart, tiny
+
+    tiny(smollm2_dir, made := tmp_path_factory.mktemp("tool-endpoint") / "tiny")
+    ckpt = load_checkpoint(made, dtype=torch.float32)
     tok = ckpt.tokenizer
     tok.hf.chat_template = TEMPLATE.read_text()
-    prompt = tok.encode(
-        tok.hf.apply_chat_template(ASK, tools=[WEATHER], tokenize=False, add_generation_prompt=True)
+
+    def rendered(messages: list[dict[str, str]]) -> str:
+        return str(
+            tok.hf.apply_chat_template(messages, tools=[WEATHER], tokenize=False, add_generation_prompt=True)
+        )
+
+    taught = [  # (prompt, reply): the reply learned by heart
+        (rendered(ASK), CALL),
+        (rendered(RAIN), "I cannot tell from here.<|im_end|>"),  # asked this, it calls nothing
+        (rendered(RAIN) + OPENED, '{"city": "Paris"}}\n</tool_call><|im_end|>'),  # unless made to
+    ]
+    batch = pack(
+        [tok.encode(p) for p, _ in taught], [tok.encode(r) for _, r in taught], tok.pad_token_id or 0
     )
-    ids = torch.tensor([prompt + tok.encode(CALL)])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100  # the loss is on the reply only
-    model = ckpt.model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
-    for _ in range(4):
-        model(input_ids=ids, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.eval()
+    learn_by_heart(ckpt.model, batch.input_ids, batch.attention_mask, batch.loss_mask > 0, batch.targets)
     running = start(served_from(ckpt, chat_template=TEMPLATE, model_name=MODEL), EndpointConfig(port=0))
     yield running
     running.stop()
@@ -109,16 +119,37 @@ def test_tool_choice_none_leaves_the_tools_out(client: OpenAI) -> None:
 
 
 def test_a_named_tool_choice_opens_a_call_to_it(client: OpenAI) -> None:
+    ask: dict[str, Any] = {
+        "model": MODEL,
+        "messages": RAIN,
+        "tools": [WEATHER],
+        "temperature": 0,
+        "max_tokens": 40,
+    }
+    unforced = client.chat.completions.create(**ask)
+    assert unforced.choices[0].finish_reason == "stop" and unforced.choices[0].message.tool_calls is None
     reply = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Is it raining in Paris?"}],
-        tools=[WEATHER],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        temperature=0,
-        max_tokens=40,
+        **ask, tool_choice={"type": "function", "function": {"name": "get_weather"}}
     )
     assert reply.choices[0].finish_reason == "tool_calls"
     assert reply.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_a_named_tool_choice_streamed_sends_no_call_text_as_content(client: OpenAI) -> None:
+    """The reply starts inside the call the server opened, so none of it is content: it was streamed
+    as content deltas (and a warning logged at the end) until the opened call was held back too."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=RAIN, tools=[WEATHER], tool_choice=named, temperature=0, max_tokens=40,
+            stream=True,
+        )
+    )  # fmt: skip
+    assert all(not (c.choices[0].delta.content or "") for c in chunks if c.choices)
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == "tool_calls"
+    [call] = last.delta.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
 
 
 def test_a_call_cut_short_is_text_not_an_error(client: OpenAI) -> None:

@@ -1,7 +1,7 @@
-"""A multi-turn job on Ray, as a user runs it (`rlsched run configs/jobs/agent_calc.yaml`): SmolLM2
-taught the calculator's call format (tests/agent_model.py), two rollout instances each running a
-share of the episodes with the calculator sandboxed beside it, every round journaled in the run's
-`rounds.sqlite`.
+"""A multi-turn job on Ray, as a user runs it (`rlsched run configs/jobs/agent_calc.yaml`): a tiny
+model with SmolLM2's tokenizer, taught the calculator's call format (tests/agent_model.py), two rollout
+instances each running a share of the episodes with the calculator sandboxed beside it, every round
+journaled in the run's `rounds.sqlite`.
 
 One rollout instance is killed with SIGKILL while its episodes are under way. Its groups go to an
 instance that serves, where each episode resumes from its last committed round: the iteration
@@ -42,19 +42,33 @@ COUNTING = (
 
 
 @pytest.fixture(scope="module")
-def calc_model(smollm2_tools: Path) -> Path:
-    """SmolLM2 that calls the calculator, built once and cached (tests/agent_model.py)."""
-    return smollm2_tools
+def calc_model(tool_model: Path) -> Path:
+    """The tiny model that calls the calculator, built once and cached (tests/agent_model.py)."""
+    return tool_model
 
 
 def job_file(tmp_path: Path, model: Path) -> Path:
+    """agent_calc.yaml, small, on the problems the tiny model learned (tests/agent_model.py): a model
+    that small replays what it learned there (a call, then the answer), and on a problem it has never
+    seen writes no call at all. The mechanism under test (rounds, journals, resumption) does not care
+    which problems the episodes are about."""
+    from tests.agent_model import teacher_problems
+
     cfg = yaml.safe_load((ROOT / "configs" / "jobs" / "agent_calc.yaml").read_text())
     program = tmp_path / "counting_calculator.py"
     program.write_text(COUNTING)
+    taught = teacher_problems()
+    rows = [
+        {"id": f"{split}-{k}", "prompt": p.messages()[0].content, "reference": p.answer, "split": split}
+        for split, n in (("train", 8), ("eval", 16))
+        for k, p in ((k, taught[k % len(taught)]) for k in range(n))
+    ]
+    problems = tmp_path / "taught.jsonl"
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg["model"]["checkpoint"] = str(model)
     cfg["agent"]["chat_template"] = str(ROOT / cfg["agent"]["chat_template"])
     cfg["agent"]["tools"][0]["program_file"] = str(program)
-    cfg["task"] |= {"eval_size": 16}
+    cfg["task"] = {"name": "jsonl", "path": str(problems)}
     cfg["grpo"] |= {"steps": 1, "prompts_per_step": 4, "group_size": 2, "time_budget_s": 900}
     cfg["eval"] = {"every_steps": 100, "curve_size": 16}
     cfg["rollout"] = {"instances": 2}
