@@ -1,7 +1,11 @@
 """Each fault kind once, against the quickstart job (`rlsched.chaos`): the job recovers by itself
 (or through `--resume` after the driver's death), every iteration holds each of its requests once,
 the weights agree at the end, and the curve is the uninterrupted run's. `scripts/chaos.py` runs the
-longer, randomized soak."""
+longer, randomized soak.
+
+`trainer_node` (every rank's process killed, the weight service's host among them) is covered by the
+whole node's removal below, which kills the same processes and the node's raylet besides, so the
+group is rebuilt on another node; its own trial cost 41 s of CI (it runs in the soak)."""
 
 from __future__ import annotations
 
@@ -46,7 +50,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Any, ...]]
     [
         (Fault.SIGTERM, 2),
         (Fault.TRAINER_RANK, 3),
-        (Fault.TRAINER_NODE, 2),
         (Fault.ROLLOUT_INSTANCE, 2),
         (Fault.VERIFIER_WORKER, 2),
     ],
