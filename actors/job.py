@@ -61,9 +61,16 @@ class JobReport:
         return 100 * (self.after.pass_rate - self.before.pass_rate)
 
 
-def check_capacity(cfg: JobConfig) -> None:
-    """Refuse at once a job the cluster can never host, naming each resource that falls short."""
-    have = ray.cluster_resources()
+def embedded_resources(cfg: JobConfig) -> dict[str, float]:
+    """What the embedded local cluster `connect` starts for `cfg` will have (the resources a job asks
+    for: Ray adds memory and a node's own names)."""
+    return {"CPU": float(cfg.cluster.num_cpus), "GPU": float(cfg.cluster.num_gpus)}
+
+
+def check_capacity(cfg: JobConfig, have: dict[str, float] | None = None) -> None:
+    """Refuse at once a job the cluster (`have`: the connected one's resources when not given) can
+    never host, naming each resource that falls short."""
+    have = ray.cluster_resources() if have is None else have
     short = [
         f"{k}: the job needs {v:g}, the cluster has {have.get(k, 0.0):g}"
         for k, v in required_resources(cfg).items()
@@ -143,9 +150,10 @@ def _open_inbox(job: str) -> Any:
 
 def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str | None:
     """Check what can be checked before any Ray process starts: checkpoint, template and task load,
-    every prompt fits the model's context, the partial-output store can be written, and the chosen
-    engine can serve the checkpoint (vLLM installed, where this Python runs the embedded cluster's
-    instances). Returns a note for the user when some generations will be cut short by the context."""
+    every prompt fits the model's context, the embedded cluster can host the job, the partial-output
+    store can be written, and the chosen engine can serve the checkpoint (vLLM installed, where this
+    Python runs the embedded cluster's instances). Returns a note for the user when some generations
+    will be cut short by the context."""
     info = inspect_checkpoint(cfg.model.checkpoint)
     tokenizer, template = load_prompting(cfg.model.checkpoint, cfg.model.template)
     if cfg.agent.enabled:
@@ -160,6 +168,8 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
     source = str(cfg.task.path or f"the {cfg.task.name} task")
     room = check_prompts(task, tokenizer, template, info.context_length, cfg.sampling.max_tokens, source)
     check_writable(cfg, out_dir)
+    if address is None:  # the embedded cluster's size is the config's: refused before Ray starts
+        check_capacity(cfg, embedded_resources(cfg))
     path = store_path(cfg, out_dir)
     if path is not None:
         try:

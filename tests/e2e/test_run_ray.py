@@ -92,10 +92,12 @@ def test_small_job_writes_its_outputs_and_leaves_nothing_running(tmp_path: Path)
 
 
 def test_job_larger_than_the_cluster_is_refused() -> None:
+    """The embedded cluster's size is the config's, so the refusal comes before Ray starts."""
     proc = rlsched_run("--set", "trainer.ranks=20")
     assert proc.returncode == 2
     assert "cannot host this job" in proc.stderr and "CPU: the job needs" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
     assert ray_processes() == []
 
 
