@@ -6,11 +6,16 @@ scheduler's, and `rlsched logs` prints its output. The entrypoint is the job's s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,27 +44,72 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A one-node cluster from `ray start --head` with the dashboard, its python the one we test with."""
+    """A one-node cluster from `ray start --head` with the dashboard, its python the one we test with.
+
+    Two things an admin's one cluster per machine does not need, and a test machine does: its job
+    agent listens on a free port (Ray's default, 52365, is held by the agent of any other cluster on
+    the machine, such as the embedded one of the vLLM job beside this lane, and then every submission
+    is refused with "No available agent"), and it is stopped by its own processes, found by its temp
+    directory (`ray stop` stops every Ray cluster on the machine)."""
     ray = str(Path(sys.executable).parent / "ray")
     env = os.environ | {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "RAY_AUTH_MODE": "token",
     }
-    port, dashboard = _free_port(), _free_port()
+    temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths are made under it
+    env[MARK] = temp  # inherited by every process of the head, its workers and jobs among them
+    port, dashboard, agent = _free_port(), _free_port(), _free_port()
     start = [ray, "start", "--head", f"--port={port}", "--num-cpus=8", "--include-dashboard=true",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+             f"--dashboard-agent-listen-port={agent}", f"--temp-dir={temp}",
              "--object-store-memory=300000000"]  # fmt: skip
-    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=180)
-    assert started.returncode == 0, started.stderr[-2000:]
-    address = f"127.0.0.1:{port}"
     try:
+        started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0, started.stderr[-2000:]
+        address = f"127.0.0.1:{port}"
         admin = tmp_path_factory.mktemp("admin") / "one.yaml"
         admin.write_text(ONE_NODE_ADMIN)
         scheduler = rlsched("admin", "start", str(admin), "--address", address)
         assert scheduler.returncode == 0, scheduler.stderr
         yield address
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_processes_naming(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+MARK = "RLSCHED_TEST_HEAD"
+
+
+def stop_processes_naming(temp: str, grace_s: float = 10.0) -> None:
+    """SIGTERM, then after `grace_s` SIGKILL, the head's processes: those started with `MARK=temp` in
+    their environment, and the members of their process groups (the raylet starts its agents in its
+    own group, with an environment of their own)."""
+    marker = f"{MARK}={temp}".encode()
+    ours = os.getpgrp()
+
+    def group_of(pid: int) -> int:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[2])
+
+    def alive(groups: set[int]) -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if entry.name.isdigit() and int(entry.name) != os.getpid():
+                    environ = (entry / "environ").read_bytes().split(b"\0")
+                    if marker in environ or group_of(int(entry.name)) in groups:
+                        found.append(int(entry.name))
+        return found
+
+    groups: set[int] = set()
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for pid in alive(groups):
+            with contextlib.suppress(OSError):
+                groups.add(group_of(pid))
+                os.kill(pid, sig)
+        groups.discard(ours)
+        give_up = time.monotonic() + wait_s
+        while alive(groups) and time.monotonic() < give_up:
+            time.sleep(0.2)
 
 
 def test_submit_runs_the_job_through_rays_job_api(head: str, tmp_path: Path) -> None:
