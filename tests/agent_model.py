@@ -8,12 +8,13 @@ template (random weights, seeded), so that every token, special token and render
 the real model sees. It is made in two parts. First the user's recipe, `scripts/warm_up_tools.py`
 (what `make model-smollm2-calc` runs on SmolLM2), for one step: the script runs end to end and
 writes a checkpoint the job loads. Then AdamW steps on four fixed teacher episodes until it has
-learned them by heart (`teach` checks it): three calculator episodes (`rlsched.rl.tool_warmup`) and
-one whose reply is a call that does not parse, so that greedy episodes call the real calculator on
-those three problems and make the broken call when asked to; on any other problem it opens a call
-too. The weights are kept in FP32, as trained, so the episode tests decode what the trained model
-decodes. SmolLM2 itself after the 14-step warm-up, and its held-out results: docs/environments.md.
-It took 177 s of CI to build SmolLM2 this way, and its episodes several times the tiny model's.
+learned them by heart (`learn_by_heart` checks it): three calculator episodes
+(`rlsched.rl.tool_warmup`) and one whose reply is a call that does not parse, so that episodes call
+the real calculator on those three problems and make the broken call when asked to. On a problem it
+has never seen it writes no call, so the tests use these. The weights are kept in FP32, as trained,
+so the episode tests decode what the trained model decodes. Built from SmolLM2 the same way, the
+model took 177 s of CI (it now takes about 25 s); SmolLM2 after the 14-step warm-up, and its held-out
+results: docs/environments.md.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def teach(start: Path, out: Path) -> None:
 
 
 def learn_by_heart(model: Any, ids: Any, attention: Any, where: Any, targets: Any) -> int:
-    """AdamW steps (fp32, the same on every CPU) until the model gives each of `targets[where]`, after
+    """AdamW steps (fp32 on every CPU) until the model gives each of `targets[where]`, after
     the tokens before it in `ids`, a probability over 0.9 (`BY_HEART`); the steps taken. Only those
     positions go through the vocabulary's projection, where most of a step's time goes."""
     import torch
