@@ -1,7 +1,8 @@
 """Tool calls from a real model through the `openai` client: a tiny Llama with SmolLM2-135M-Instruct's
 tokenizer, served with the shipped tools template (configs/chat_templates/smollm2_tools.jinja), that
-learns in the fixture to answer one question with a `<tool_call>` (tests/agent_model.py makes it).
-The call comes back parsed as `tool_calls` (streamed and not), an agent's next turn with the tool's
+learns in the fixture (`tiny` and `learn_by_heart` of tests/agent_model.py) to answer one question
+with a `<tool_call>`, another in prose, and to finish the call a named `tool_choice` opens on the
+second. The call comes back parsed as `tool_calls` (streamed and not), an agent's next turn with the tool's
 result renders, `tool_choice` none / named behave, and a call cut short is text with
 `finish_reason: length`, never a 500. The tokens, template and parser are SmolLM2's; only the weights
 are small (SmolLM2 itself took about a minute more here)."""
