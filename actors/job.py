@@ -32,7 +32,7 @@ from actors.interrupt import Terminated, ctrl_c
 from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox, record_job
 from rlsched.config import EngineKind, JobConfig
-from rlsched.core.demand import job_spec, required_resources
+from rlsched.core.demand import embedded_resources, job_spec, shortfall
 from rlsched.core.fleet import FleetTrace
 from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError
@@ -61,21 +61,10 @@ class JobReport:
         return 100 * (self.after.pass_rate - self.before.pass_rate)
 
 
-def embedded_resources(cfg: JobConfig) -> dict[str, float]:
-    """What the embedded local cluster `connect` starts for `cfg` will have (the resources a job asks
-    for: Ray adds memory and a node's own names)."""
-    return {"CPU": float(cfg.cluster.num_cpus), "GPU": float(cfg.cluster.num_gpus)}
-
-
 def check_capacity(cfg: JobConfig, have: dict[str, float] | None = None) -> None:
     """Refuse at once a job the cluster (`have`: the connected one's resources when not given) can
     never host, naming each resource that falls short."""
-    have = ray.cluster_resources() if have is None else have
-    short = [
-        f"{k}: the job needs {v:g}, the cluster has {have.get(k, 0.0):g}"
-        for k, v in required_resources(cfg).items()
-        if v > have.get(k, 0.0)
-    ]
+    short = shortfall(cfg, ray.cluster_resources() if have is None else have)
     if short:
         raise UserError(
             "the cluster cannot host this job (" + "; ".join(short) + "). Lower trainer.ranks, "

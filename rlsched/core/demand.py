@@ -63,3 +63,18 @@ def required_resources(cfg: JobConfig) -> dict[str, float]:
     spec = job_spec(cfg, cfg.run.out_dir.name, "", "")
     transient = [instance_bundle(cfg.rollout) for _ in cfg.rollout.transient]
     return add(*(bundle for gang in spec.gangs for bundle in gang.bundles), *transient)
+
+
+def embedded_resources(cfg: JobConfig) -> Bundle:
+    """What the embedded local cluster started for `cfg` has (the resources a job asks for; Ray adds
+    memory and a node's own names)."""
+    return {"CPU": float(cfg.cluster.num_cpus), "GPU": float(cfg.cluster.num_gpus)}
+
+
+def shortfall(cfg: JobConfig, have: Bundle) -> list[str]:
+    """Each resource the job needs at once (`required_resources`) that `have` lacks, in words."""
+    return [
+        f"{k}: the job needs {v:g}, the cluster has {have.get(k, 0.0):g}"
+        for k, v in required_resources(cfg).items()
+        if v > have.get(k, 0.0)
+    ]
