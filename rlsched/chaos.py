@@ -133,20 +133,46 @@ def committed(out: Path) -> int:
 
 
 @dataclass
-class Trial:
+class Landing:
+    """One fault of a trial, as it landed."""
+
     fault: Fault
     after: int  # the iteration committed when the fault was injected
     delay_s: float
     at_kill: int = 0  # the newest committed iteration when the fault landed
     killed: list[int] = field(default_factory=list)
-    returncode: int | None = None
     recovery_s: float | None = None
+
+
+@dataclass
+class Trial:
+    """One run with its faults injected in turn (most trials: one), and how the run ended."""
+
+    landings: list[Landing]
+    returncode: int | None = None
     problems: list[str] = field(default_factory=list)
     log: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    # a trial of one fault: that fault's figures
+    @property
+    def at_kill(self) -> int:
+        return self.landings[0].at_kill
+
+    @property
+    def killed(self) -> list[int]:
+        return self.landings[0].killed
+
+    @property
+    def recovery_s(self) -> float | None:
+        return self.landings[0].recovery_s
+
+
+# faults whose recovery rewinds the commit log to a checkpoint: the rebuild notes it ("recovered")
+REWINDING = frozenset({Fault.TRAINER_RANK, Fault.TRAINER_NODE, Fault.NODE})
 
 
 def _start(command: list[str], out: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -162,6 +188,18 @@ def _wait_for(out: Path, iteration: int, proc: subprocess.Popen[bytes], timeout_
     return True
 
 
+def recoveries(out: Path) -> int:
+    """How many times the run rebuilt its training group (the commit log's "recovered" events)."""
+    try:
+        db = sqlite3.connect(f"file:{out / 'commit.sqlite'}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(db.execute("SELECT count(*) FROM events WHERE kind = 'recovered'").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:  # not written yet
+        return 0
+
+
 def run_trial(
     command: list[str],
     out: Path,
@@ -174,41 +212,94 @@ def run_trial(
     """One run of `command` (`rlsched run CONFIG --set ...`, without --out) with `fault` injected
     `delay_s` after iteration `after` is committed; the run is waited for (resumed, for the driver).
     `inject` carries out a fault that is not a kill by title (a node removed) and says what it ended."""
-    trial = Trial(fault, after, delay_s)
+    return run_faults(command, out, [Landing(fault, after, delay_s)], timeout_s, inject)
+
+
+def run_faults(
+    command: list[str],
+    out: Path,
+    landings: list[Landing],
+    timeout_s: float = 600.0,
+    inject: Callable[[], list[int]] | None = None,
+) -> Trial:
+    """One run of `command` with several faults in turn: each lands `delay_s` after its iteration
+    `after` is committed, once the one before has been recovered from (its run back past the
+    iteration it held at the kill; for a rebuilt training group, after the rebuild). The last one's
+    recovery is watched until the run ends, as a single fault's is."""
+    trial = Trial(landings)
     log = out.parent / f"{out.name}.log"
     proc = _start(command, out, log)
-    if not _wait_for(out, after, proc, timeout_s):
-        proc.kill()
-        trial.problems.append(f"the run never committed iteration {after}")
-        return trial
-    time.sleep(delay_s)
-    at, kill_time = committed(out), time.monotonic()
-    trial.at_kill = at
-    if fault in (Fault.DRIVER, Fault.SIGTERM):
-        os.kill(proc.pid, signal.SIGKILL if fault is Fault.DRIVER else signal.SIGTERM)
-        trial.killed = [proc.pid]
-        first = proc.wait(timeout=timeout_s)
-        trial.at_kill = at = committed(out)  # what the stopped run had committed
-        expected = -signal.SIGKILL if fault is Fault.DRIVER else 3
-        if first != expected:
-            trial.problems.append(f"the first run ended with {first}, not {expected}")
-        proc = _start([*command, "--resume"], out, log)
-    elif inject is not None:
-        trial.killed = inject()
-    else:
-        pids = processes(TITLES[fault])
-        chosen = pids if fault is Fault.TRAINER_NODE else pids[:1]
-        if not chosen:
-            trial.problems.append(f"no process titled {TITLES[fault]} to kill")
-        for pid in chosen:
-            os.kill(pid, signal.SIGKILL)
-        trial.killed = chosen
-    trial.recovery_s = _time_to(out, at + 1, proc, kill_time, timeout_s)
+    for n, landing in enumerate(landings):
+        if not _wait_for(out, landing.after, proc, timeout_s):
+            proc.kill()
+            before = f" (before the {landing.fault} fault)" if len(landings) > 1 else ""
+            trial.problems.append(f"the run never committed iteration {landing.after}{before}")
+            trial.log = log.read_text()
+            return trial
+        time.sleep(landing.delay_s)
+        landing.at_kill, kill_time, rebuilt = committed(out), time.monotonic(), recoveries(out)
+        proc = _land(landing, command, out, log, proc, trial, timeout_s, inject)
+        if n < len(landings) - 1:
+            landing.recovery_s = _regained(out, landing, proc, kill_time, rebuilt, timeout_s)
+        else:
+            landing.recovery_s = _time_to(out, landing.at_kill + 1, proc, kill_time, timeout_s)
     trial.returncode = proc.wait(timeout=timeout_s)
     trial.log = log.read_text()
     if trial.returncode != 0:
         trial.problems.append(f"the run ended with status {trial.returncode}")
     return trial
+
+
+def _land(
+    landing: Landing,
+    command: list[str],
+    out: Path,
+    log: Path,
+    proc: subprocess.Popen[bytes],
+    trial: Trial,
+    timeout_s: float,
+    inject: Callable[[], list[int]] | None,
+) -> subprocess.Popen[bytes]:
+    """Inject `landing`'s fault into the run; the run's process afterwards (for the driver's faults,
+    the `--resume` that continues it)."""
+    fault = landing.fault
+    if fault in (Fault.DRIVER, Fault.SIGTERM):
+        os.kill(proc.pid, signal.SIGKILL if fault is Fault.DRIVER else signal.SIGTERM)
+        landing.killed = [proc.pid]
+        first = proc.wait(timeout=timeout_s)
+        landing.at_kill = committed(out)  # what the stopped run had committed
+        expected = -signal.SIGKILL if fault is Fault.DRIVER else 3
+        if first != expected:
+            trial.problems.append(f"the run stopped by the {fault} fault ended with {first}, not {expected}")
+        return _start([*command, "--resume"], out, log)
+    if inject is not None:
+        landing.killed = inject()
+        return proc
+    pids = processes(TITLES[fault])
+    chosen = pids if fault is Fault.TRAINER_NODE else pids[:1]
+    if not chosen:
+        trial.problems.append(f"no process titled {TITLES[fault]} to kill")
+    for pid in chosen:
+        os.kill(pid, signal.SIGKILL)
+    landing.killed = chosen
+    return proc
+
+
+def _regained(
+    out: Path, landing: Landing, proc: subprocess.Popen[bytes], since: float, rebuilt: int, timeout_s: float
+) -> float | None:
+    """Seconds from `since` until the run is back past the iteration it held at `landing`'s kill,
+    for a fault the next one may follow: after a rebuild of the training group (the commit log's
+    "recovered" events past `rebuilt`), since an iteration committed before the rebuild is redone.
+    None if the run ended or gave up first."""
+    give_up = time.monotonic() + timeout_s
+    while landing.fault in REWINDING and recoveries(out) <= rebuilt:
+        if proc.poll() is not None or time.monotonic() > give_up:
+            return None
+        time.sleep(0.05)
+    if not _wait_for(out, landing.at_kill + 1, proc, max(0.0, give_up - time.monotonic())):
+        return None
+    return time.monotonic() - since
 
 
 def _time_to(
@@ -324,7 +415,7 @@ def cluster_trial(
              "--state", str(state)], capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         if started.returncode != 0:
-            trial = Trial(fault, after, delay_s)
+            trial = Trial([Landing(fault, after, delay_s)])
             trial.problems.append(f"the scheduler did not start: {started.stderr[-500:]}")
             return trial
         return run_trial([*run, "--queue", "research", "--requeue"], out, fault, after, delay_s, timeout_s)

@@ -1,11 +1,13 @@
 """Each fault kind once, against the quickstart job (`rlsched.chaos`): the job recovers by itself
 (or through `--resume` after the driver's death), every iteration holds each of its requests once,
 the weights agree at the end, and the curve is the uninterrupted run's. `scripts/chaos.py` runs the
-longer, randomized soak.
+longer, randomized soak, one fault to a run.
 
-`trainer_node` (every rank's process killed, the weight service's host among them) is covered by the
-whole node's removal below, which kills the same processes and the node's raylet besides, so the
-group is rebuilt on another node; its own trial cost 41 s of CI (it runs in the soak)."""
+The faults that need no cluster of their own but the driver's SIGKILL land in turn in one run
+(`IN_ONE_RUN`): a run for each cost three job starts more (about 100 s of CI). `trainer_node` (every
+rank's process killed, the weight service's host among them) is covered by the whole node's
+removal below, which kills the same processes and the node's raylet besides, so the group is
+rebuilt on another node; its own trial cost 41 s of CI (it runs in the soak)."""
 
 from __future__ import annotations
 
@@ -21,17 +23,21 @@ from rlsched.chaos import (
     GROUP,
     PROMPTS,
     SETS,
-    STEPS,
     Fault,
+    Landing,
     check_run,
     cluster_trial,
     command,
     curve,
+    run_faults,
     run_trial,
 )
 from tests.e2e.test_run_ray import ROOT, settled_ray_processes
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STEPS = 10  # room for four faults in one run, two iterations apart (`IN_ONE_RUN`)
+SETS = [*SETS, f"grpo.steps={STEPS}"]
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +51,39 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Any, ...]]
     return curve(out)
 
 
-@pytest.mark.parametrize(
-    ("fault", "after"),
-    [
-        (Fault.SIGTERM, 2),
-        (Fault.TRAINER_RANK, 3),
-        (Fault.ROLLOUT_INSTANCE, 2),
-        (Fault.VERIFIER_WORKER, 2),
-    ],
-)
-def test_a_fault_mid_iteration_is_recovered_with_nothing_lost_or_used_twice(
-    fault: Fault,
-    after: int,
-    tmp_path: Path,
-    reference: list[tuple[Any, ...]],
-    monkeypatch: pytest.MonkeyPatch,
+# the faults of one run, in turn, each once the one before is recovered from: (fault, the iteration
+# committed when it lands, 0.3 s later). One run instead of one each saves three job starts (about
+# 100 s of CI); every fault is still recovered from and the run checked whole against the reference.
+IN_ONE_RUN = [
+    (Fault.SIGTERM, 1),  # a preemption's notice: checkpoint, exit 3, then `--resume`
+    (Fault.ROLLOUT_INSTANCE, 3),  # a replacement instance; the requests it held generated elsewhere
+    (Fault.TRAINER_RANK, 5),  # the group rebuilt from the checkpoint of 4: committed iteration 5 redone
+    (Fault.VERIFIER_WORKER, 7),  # a replacement worker; the samples it held judged again
+]
+
+
+def test_each_fault_in_turn_in_one_run_is_recovered_with_nothing_lost_or_used_twice(
+    tmp_path: Path, reference: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(ROOT)
-    trial = run_trial(command("configs/jobs/quickstart.yaml", SETS), tmp_path / "run", fault, after, 0.3)
+    out = tmp_path / "run"
+    landings = [Landing(fault, after, 0.3) for fault, after in IN_ONE_RUN]
+    trial = run_faults(command("configs/jobs/quickstart.yaml", SETS), out, landings)
     assert trial.ok, f"{trial.problems}\n{trial.log}"
-    assert trial.killed and trial.recovery_s is not None
-    problems = check_run(tmp_path / "run", STEPS, PROMPTS * GROUP, reference=reference)
+    for landing in trial.landings:
+        assert landing.killed and landing.recovery_s is not None, f"{landing}\n{trial.log}"
+    problems = check_run(out, STEPS, PROMPTS * GROUP, reference=reference)
     assert problems == [], f"{problems}\n{trial.log}"
+    db = sqlite3.connect(out / "commit.sqlite")
+    kinds = [kind for (kind,) in db.execute("SELECT kind FROM events ORDER BY seq")]
+    redone = {i for (i,) in db.execute("SELECT iteration FROM redone")}
+    assert kinds.count("resume") == 1 and kinds.count("recovered") == 1, kinds
+    rank = trial.landings[2]
+    checkpoint = rank.at_kill // 2 * 2  # the kill's iteration runs again from there, and any after it
+    assert set(range(checkpoint + 1, rank.at_kill + 1)) <= redone, (rank, redone)
     assert "Traceback" not in trial.log
     assert settled_ray_processes() == []
+    print("; ".join(f"{x.fault} after {x.at_kill}: regained in {x.recovery_s:.1f} s" for x in trial.landings))
 
 
 def test_sigkill_of_the_driver_mid_iteration_then_resume_redoes_only_what_the_checkpoint_lacks(
