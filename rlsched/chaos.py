@@ -52,7 +52,7 @@ SETS = [
     # its reference, so the two would stop after different iterations
     "grpo.time_budget_s=3600",
     # the curve is compared loss for loss: a requeued request regenerated in another batch must get
-    # the log-probs of its first attempt (rlsched/engine/row_floor.py)
+    # the log-probs of its first attempt (rlsched/engine/batch_invariant.py)
     "engine.batch_invariant=true",
 ]
 

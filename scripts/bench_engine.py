@@ -8,8 +8,8 @@ this machine before its removal, docs/benchmarks/handwritten_engine_base.json).
     LD_PRELOAD=.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python scripts/bench_engine.py   # adds vLLM
 
 Peers: the torch engine, the same with `engine.batch_invariant` (`torch_invariant`: linear layers
-run at least 4 rows, so a request's log-probs do not depend on its batch), HF `generate`, and vLLM
-where installed.
+compute every row in a product of exactly 16 rows, so a request's log-probs do not depend on its
+batch), HF `generate`, and vLLM where installed.
 
 Workload: the checkpoint's chat template around the toy task's held-out problems, sampling at
 temperature 1 (each engine seeded with `--seed`) and no stop tokens, so every request decodes exactly
@@ -198,7 +198,7 @@ def handwritten_figures(checkpoint: Path) -> dict[int, float]:
 def engines(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     ck = load_checkpoint(args.checkpoint, dtype=dtype)
     hf = load_checkpoint(args.checkpoint, dtype=dtype)
-    floored = load_checkpoint(args.checkpoint, dtype=dtype)  # its own modules: the row floor on them
+    floored = load_checkpoint(args.checkpoint, dtype=dtype)  # its own modules: the fixed-row products on them
     pad = ck.tokenizer.pad_token_id if ck.tokenizer.pad_token_id is not None else 0
     rows = max(args.batches)
     made: dict[str, Any] = {

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from rlsched.engine.batch_invariant import make_batch_invariant
 from rlsched.engine.intake import Intake
 from rlsched.engine.kv_attention import (
     ATTENTION,
@@ -60,7 +61,6 @@ from rlsched.engine.protocol import (
     WeightVersion,
     check_fits,
 )
-from rlsched.engine.row_floor import make_batch_invariant
 from rlsched.engine.sampling import RowSamplers, repetition_penalized, select_tokens, top_logprobs
 from rlsched.engine.staging import ModelStage
 from rlsched.engine.turns import Turns
@@ -133,7 +133,7 @@ class TorchRolloutEngine:
         that share a prefix (`rlsched.engine.prefix_cache`; 0: none). `swap_kv`: what becomes of a
         running request's keys and values when a new version is swapped in under it.
         `batch_invariant`: a request's tokens and log-probs the same whatever batch it runs in
-        (`rlsched.engine.row_floor`; the model's linear layers keep the floor)."""
+        (`rlsched.engine.batch_invariant`; the model's linear layers keep it)."""
         register()
         model.set_attn_implementation(ATTENTION)
         if batch_invariant:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlsched.engine.batch_invariant import fixed_rows
 from rlsched.engine.protocol import (
     FinishReason,
     GenerationRequest,
@@ -175,12 +176,14 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(
 
 
 def test_a_seeded_request_gives_the_same_tokens_and_logprobs_in_any_batch(tiny_dirs: dict[str, Path]) -> None:
-    """What a requeued request relies on to reproduce its first attempt (`rlsched.engine.row_floor`):
-    generated alone, in batches of 5 (whose last steps decode 1 to 4 rows) and all 24 at once, each
-    seeded request's tokens and log-probs agree to the bit. Without the row floor, on an AMD EPYC in
-    fp32, all 24 differed alone and 14 in batches of 5 (log-probs by up to 1e-5, tokens alike). The
-    prompts share one length, as the addition task's do: with lengths that differ, left padding moves
-    where a row's keys start, and attention sums them in another grouping (docs/internals/engines.md)."""
+    """What a requeued request relies on to reproduce its first attempt
+    (`rlsched.engine.batch_invariant`): generated alone, in batches of 5 (whose last steps decode 1 to
+    4 rows) and all 24 at once, each seeded request's tokens and log-probs agree to the bit. Without
+    fixed-row products, on an AMD EPYC in fp32, all 24 differed alone and 14 in batches of 5 (log-probs
+    by up to 1e-5, tokens alike); with a floor of 4 rows instead, which held there, 24 differed alone
+    on an Intel Xeon. The prompts share one length, as the addition task's do: with lengths that
+    differ, left padding moves where a row's keys start, and attention sums them in another grouping
+    (docs/internals/engines.md)."""
     ck = load_checkpoint(tiny_dirs["llama"])
     engine = TorchRolloutEngine(ck.model, ck.tokenizer, max_batch=64, seed=3, batch_invariant=True)
     candidates = [prompt_ids(ck, i) for i in range(200)]
@@ -198,6 +201,30 @@ def test_a_seeded_request_gives_the_same_tokens_and_logprobs_in_any_batch(tiny_d
     together = run([reqs])
     assert run([[r] for r in reqs]) == together
     assert run([reqs[i : i + 5] for i in range(0, len(reqs), 5)]) == together
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_from_fixed_row_products_in_any_batch(
+    threads: int, dtype: torch.dtype
+) -> None:
+    """`fixed_rows` on the shapes whose plain products differ by batch size on the CPUs measured
+    (inner sizes of 384 and up: any `M` below 16 on an Intel Xeon, up to 64 with two threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for inner, outer in [(128, 256), (576, 1536), (1536, 576)]:
+            weight = torch.randn(outer, inner, generator=gen).to(dtype)
+            bias = torch.randn(outer, generator=gen).to(dtype)
+            x = torch.randn(200, inner, generator=gen).to(dtype)
+            whole = fixed_rows(x, weight, bias)
+            for start, rows in [(0, 1), (7, 3), (50, 5), (3, 17), (100, 64)]:
+                assert torch.equal(
+                    fixed_rows(x[start : start + rows], weight, bias), whole[start : start + rows]
+                )
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_top_k_one_is_greedy(engine: TorchRolloutEngine, tiny: Checkpoint) -> None:
