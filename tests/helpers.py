@@ -33,12 +33,18 @@ def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 300.0) -> Any:
-    """Poll `check` until it gives something true, and return that; fail after `timeout_s`."""
+# between polls that run the `rlsched` command: each is a Ray driver connecting to the cluster (about
+# 2 s of a core), and at the default pace they took most of a core from the job they wait for
+CLI_POLL_S = 3.0
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 300.0, every_s: float = 0.5) -> Any:
+    """Poll `check` every `every_s` seconds until it gives something true, and return that; fail
+    after `timeout_s`."""
     give_up = time.monotonic() + timeout_s
     while not (got := check()):
         assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(0.5)
+        time.sleep(every_s)
     return got
 
 

@@ -1,9 +1,17 @@
-"""The `rlsched` command as a user runs it: output, exit codes, and one-paragraph errors for bad input."""
+"""The `rlsched` command as a user runs it: output, exit codes, and one-paragraph errors for bad input.
+
+Most commands here run in this process (`rlsched`: `rlsched.cli.main`, its output and exit status
+captured): a new interpreter for each cost 3-5 s of imports (torch, transformers), about 150 s of CI
+for this module. A few run as the real command in a process of its own (`rlsched_process`), so that
+the entry point, its exit status and its output are checked as a user meets them."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,10 +22,38 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def rlsched(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def rlsched_process(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """`rlsched ARGS` in a process of its own."""
     return subprocess.run(
         [sys.executable, "-m", "rlsched.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
     )
+
+
+def rlsched(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """`rlsched ARGS` in this process, from `cwd`: its exit status, stdout and stderr. What a command
+    changes in the process is put back (the working directory, torch's threads); a command that
+    leaves Ray running fails the test (every one here ends, or is refused, without it)."""
+    import torch
+
+    from rlsched.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here, threads = os.getcwd(), torch.get_num_threads()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit:  # argparse's refusals, and commands that exit
+                code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"rlsched {' '.join(args)} left Ray running in the test's process")
+    return subprocess.CompletedProcess(["rlsched", *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -29,7 +65,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
 
 
 def test_help_lists_every_command() -> None:
-    proc = rlsched("--help")
+    proc = rlsched_process("--help")
     assert proc.returncode == 0
     for command in ("run", "scale", "generate", "template", "model", "calc", "simulate"):
         assert command in proc.stdout
@@ -68,7 +104,7 @@ def test_model_export(tmp_path: Path) -> None:
 
 
 def test_run_tiny_job_locally(tmp_path: Path) -> None:
-    proc = rlsched(
+    proc = rlsched_process(
         "run",
         "configs/jobs/quickstart.yaml",
         "--local",
@@ -99,7 +135,7 @@ def test_run_tiny_job_locally(tmp_path: Path) -> None:
 def test_malformed_yaml(tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text("grpo:\n  lr: [1,\n")
-    assert_user_error(rlsched("run", str(f)), "not valid YAML", "line")
+    assert_user_error(rlsched_process("run", str(f)), "not valid YAML", "line")  # the real command's status
 
 
 def test_unknown_key_and_wrong_type_together(tmp_path: Path) -> None:

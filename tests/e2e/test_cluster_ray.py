@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -32,6 +32,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from ray.cluster_utils import Cluster
 
     from actors.cluster import NAMESPACE, JobSpec, find_scheduler
+    from actors.scale import inbox_name
     from rlsched.policy.placement import Gang, Strategy
 
     cluster = Cluster(
@@ -65,13 +66,20 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         )  # fmt: skip
 
         def fleet() -> dict[str, Any]:
-            shown = rlsched("scale", "shared", "--json", "--address", address)
-            return json.loads(shown.stdout or "{}").get("instances", {})
+            """The job's fleet as `rlsched scale shared --json` shows it, asked from this driver: the
+            command, polled, took most of a core from the job (a Ray driver connecting each time)."""
+            try:
+                inbox = ray.get_actor(inbox_name("shared"), namespace=NAMESPACE)
+            except ValueError:  # the job has not opened its inbox yet
+                return {}
+            return cast(dict[str, Any], ray.get(inbox.status.remote(), timeout=30)).get("instances", {})
 
         def status() -> dict[str, Any]:
             return ray.get(scheduler.status.remote())
 
         wait_for(lambda: fleet().get("elastic-0", {}).get("state") == "ready", "elastic-0 to serve")
+        shown = rlsched("scale", "shared", "--json", "--address", address)  # what a user sees
+        seen["scale_shown"] = json.loads(shown.stdout or "{}").get("instances", {})
         seen["status_before"] = status()
         seen["nodes"] = {n["Labels"].get("rlsched/name"): n["NodeID"] for n in ray.nodes() if n["Alive"]}
         # jobs that cannot start now, each for its own reason
@@ -124,6 +132,7 @@ def test_the_strict_pack_gang_lands_on_one_node_of_the_right_type(shared: dict[s
     # the training gang (2 x H100) and the workers' gang (an A100 instance and a verifier worker)
     assert set(job["nodes"]) <= {"h100-node", "a100-node", "head"} and "h100-node" in job["nodes"]
     assert "registered with the cluster scheduler as shared" in shared["stdout"]
+    assert shared["scale_shown"]["elastic-0"]["state"] == "ready"  # `rlsched scale --json --address`
 
 
 def test_a_high_priority_job_takes_the_elastic_instance_which_resumes_when_room_returns(

@@ -59,7 +59,9 @@ def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
             state = json.loads(shown.stdout or "{}").get("instances", {}).get("scaled-1", {}).get("state")
             return state == "ready"
 
-        wait_for(scaled_serves, "scaled-1 to be READY", timeout_s=120)
+        # each poll is a Ray driver connecting (about 2 s of a core): not at the default pace, which
+        # took most of a core from the job, nor so slowly that the job ends before scaled-1 is removed
+        wait_for(scaled_serves, "scaled-1 to be READY", timeout_s=120, every_s=1.5)
         removed = rlsched("scale", "elastic", "--remove", "scaled-1")
         assert removed.returncode == 0, removed.stderr
         stdout, stderr = job.communicate(timeout=600)

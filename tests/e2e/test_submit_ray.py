@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ONE_NODE_ADMIN, ROOT, wait_for
+from tests.helpers import CLI_POLL_S, ONE_NODE_ADMIN, ROOT, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -133,7 +133,7 @@ def test_submit_runs_the_job_through_rays_job_api(head: str, tmp_path: Path) -> 
         state = json.loads(shown.stdout)["ray_jobs"].get("submitted", {}).get("status")
         return state if state in ("SUCCEEDED", "FAILED", "STOPPED") else None
 
-    assert wait_for(finished, "the Ray job to end", timeout_s=400) == "SUCCEEDED"
+    assert wait_for(finished, "the Ray job to end", timeout_s=400, every_s=CLI_POLL_S) == "SUCCEEDED"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2]
     logs = rlsched("logs", "submitted", "--address", head)
