@@ -189,7 +189,9 @@ def _wait_for(out: Path, iteration: int, proc: subprocess.Popen[bytes], timeout_
 
 
 def recoveries(out: Path) -> int:
-    """How many times the run rebuilt its training group (the commit log's "recovered" events)."""
+    """How many times the run rebuilt its training group (the commit log's "recovered" events). Read
+    with a read-only connection, not `CommitLog`, which takes the log's write lock on opening: polled
+    every 50 ms, that would contend with the job's own commits."""
     try:
         db = sqlite3.connect(f"file:{out / 'commit.sqlite'}?mode=ro", uri=True, timeout=5)
         try:
