@@ -47,8 +47,8 @@ from actors.records import IterationRecord, generate_attrs, record_of, unjudgeab
 from actors.trainer import PublishedVersion, TrainingGroup
 from actors.verification import JobVerification
 from rlsched.config import JobConfig
+from rlsched.config_demand import training_devices
 from rlsched.core import iteration as it
-from rlsched.core.demand import training_devices
 from rlsched.engine.protocol import FinishReason, GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
@@ -63,7 +63,8 @@ from rlsched.rl.evaluate import EvalResult, eval_requests, score
 from rlsched.rl.grpo import LossStats, importance
 from rlsched.rl.pending import PendingWork
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
-from rlsched.rl.task import JsonlProblem, TaskProblem, build_task
+from rlsched.rl.task import JsonlProblem, TaskProblem
+from rlsched.rl.tasks import build_task
 from rlsched.rl.update import TrainItem, skipped_note
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet

@@ -32,7 +32,7 @@ from actors.interrupt import Terminated, ctrl_c
 from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox, record_job
 from rlsched.config import EngineKind, JobConfig
-from rlsched.core.demand import embedded_resources, job_spec, shortfall
+from rlsched.config_demand import embedded_resources, job_spec, shortfall
 from rlsched.core.fleet import FleetTrace
 from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError
@@ -44,7 +44,8 @@ from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.versions import PipelineMode
 from rlsched.rl import agent as ag
 from rlsched.rl.evaluate import EvalResult
-from rlsched.rl.task import build_task, check_prompts
+from rlsched.rl.task import check_prompts
+from rlsched.rl.tasks import build_task
 from rlsched.store.partial import PartialStore, StoreError
 from rlsched.store.traces import save_trace
 

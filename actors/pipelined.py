@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from actors.interrupt import ctrl_c
 from actors.pool import step
 from actors.records import IterationRecord, generate_attrs, record_of
+from rlsched.config_demand import training_devices
 from rlsched.core import iteration as it
-from rlsched.core.demand import training_devices
 from rlsched.core.pipeline import PipelineCore, PipelineParams
 from rlsched.engine.protocol import RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind

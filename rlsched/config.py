@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlsched.config_agent import AgentConfig
 from rlsched.config_load import Section, load_tree
-from rlsched.core.fleet_io import RelayParams
+from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.timeouts import TimeoutParams
 from rlsched.policy.verify import DispatchPolicy

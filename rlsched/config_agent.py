@@ -18,7 +18,7 @@ import jsonschema
 from pydantic import Field, field_validator, model_validator
 
 from rlsched.config_load import Section
-from rlsched.core.envs import EnvPolicy
+from rlsched.policy.environments import EnvPolicy
 
 # prefix-cache blocks (16 tokens each) a multi-turn job's engines keep: each turn's prompt extends the
 # last turn's prompt and reply, so its keys and values are reused, not computed again

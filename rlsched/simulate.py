@@ -18,7 +18,8 @@ from typing import Any
 
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.policy.verify import DispatchPolicy
-from rlsched.sim.rljob import SimRun, simulate
+from rlsched.sim.jobs import simulate
+from rlsched.sim.rljob import SimRun
 from rlsched.sim.scenario import ScenarioConfig
 
 PHASES = ("t_iter", "t_generate", "t_verify", "t_verify_exposed", "t_update", "t_publish", "t_load")

@@ -34,7 +34,8 @@ from _bench import parser, table, write
 
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.policy.iteration import pipelined_bound
-from rlsched.sim.rljob import SimRun, simulate
+from rlsched.sim.jobs import simulate
+from rlsched.sim.rljob import SimRun
 from rlsched.sim.scenario import ScenarioConfig
 
 

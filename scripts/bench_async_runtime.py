@@ -44,7 +44,7 @@ from _bench import parser, table, write
 
 from rlsched.config import JobConfig, load_config
 from rlsched.metrics.spans import Span, SpanKind, busy_fraction
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 ROOT = Path(__file__).resolve().parents[1]

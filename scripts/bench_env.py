@@ -38,8 +38,8 @@ from _bench import parser, table, write
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.envs import EnvDriver, EnvHost, EnvKind, plan_episodes
-from rlsched.core.envs import EnvParams, EnvPolicy, EnvType
-from rlsched.policy.environments import Capacity, prewarm_wait
+from rlsched.core.envs import EnvParams, EnvType
+from rlsched.policy.environments import Capacity, EnvPolicy, prewarm_wait
 
 KINDS = {
     "search": EnvKind(memory_mb=256, fetch_s=0.8, workspace_mb=8, tool_s=0.2),

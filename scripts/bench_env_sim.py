@@ -19,8 +19,8 @@ from dataclasses import asdict
 
 from _bench import parser, table, write
 
-from rlsched.core.envs import EnvParams, EnvPolicy, EnvType
-from rlsched.policy.environments import Capacity, Reservation, steady_state
+from rlsched.core.envs import EnvParams, EnvType
+from rlsched.policy.environments import Capacity, EnvPolicy, Reservation, steady_state
 from rlsched.sim.envs import EpisodeSpec, simulate_envs
 
 CLUSTER = Capacity(cores=48, slots=320, memory_gib=358, template_gib=2)

@@ -15,7 +15,7 @@ import time
 
 from _bench import parser, table, write
 
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 

@@ -53,7 +53,8 @@ from rich.table import Table
 
 from rlsched.metrics.spans import Span, verification_batch
 from rlsched.policy.verify import DispatchPolicy
-from rlsched.sim.rljob import SimRun, simulate
+from rlsched.sim.jobs import simulate
+from rlsched.sim.rljob import SimRun
 from rlsched.sim.scenario import ScenarioConfig
 
 TIMEOUT = {"floor_s": 2.0, "factor": 3.0, "cap_s": 3600.0, "hard_cap_s": 3600.0}

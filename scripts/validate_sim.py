@@ -25,7 +25,7 @@ from _bench import parser, write
 from actors.controller import run_silently
 from rlsched.config import load_config
 from rlsched.metrics.spans import Span, SpanKind, phase_times
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 

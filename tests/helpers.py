@@ -64,7 +64,7 @@ def dataset_task(path: Path, *sets: str) -> Any:
     from rlsched.config import TaskConfig
     from rlsched.config_load import apply_override
     from rlsched.rl.datasets import DatasetTask
-    from rlsched.rl.task import build_task
+    from rlsched.rl.tasks import build_task
 
     tree: dict[str, Any] = {"task": {"name": "dataset", "path": str(path)}}
     for assignment in sets:

@@ -444,7 +444,7 @@ def _start(
         responses,
         isolation,
         caps.missing(),
-        box,
+        box.record if box is not None else None,
         scratch,
         outputs,
     )

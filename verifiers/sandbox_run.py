@@ -14,14 +14,11 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from verifiers.cgroups import RunGroups
 from verifiers.sandbox_types import Isolation, Outcome, SandboxLimits, SandboxResult
-
-if TYPE_CHECKING:
-    from verifiers.sandbox import Sandbox  # records each result of its environment
 
 
 class Running:
@@ -40,13 +37,13 @@ class Running:
         responses: tuple[int, int] | None,
         isolation: Isolation,
         missing: list[str],
-        box: Sandbox | None,
+        on_result: Callable[[SandboxResult], None] | None,  # its environment's books (`Sandbox.record`)
         scratch: Path | None,
         outputs: tuple[int, int] = (-1, -1),
     ) -> None:
         self.proc, self.start, self.limits, self.groups = proc, start, limits, groups
         self.deadline = start + limits.timeout_s
-        self.isolation, self.missing, self.box, self.scratch = isolation, missing, box, scratch
+        self.isolation, self.missing, self.on_result, self.scratch = isolation, missing, on_result, scratch
         self.killed_at = 0.0
         self.result: SandboxResult | None = None
         self.setup_error: str | None = None
@@ -265,8 +262,8 @@ class Running:
             error=error,
             leftover_pids=leftovers,
         )
-        if self.box is not None:
-            self.box.record(result)
+        if self.on_result is not None:
+            self.on_result(result)
         return result
 
     def _cleanup(self) -> None:

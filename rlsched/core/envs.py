@@ -27,17 +27,18 @@ import heapq
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from rlsched.policy.environments import Admitted, Capacity, MemoryLedger, Reservation, admit, pause_plan
+from rlsched.policy.environments import (
+    Admitted,
+    Capacity,
+    EnvPolicy,
+    MemoryLedger,
+    Reservation,
+    admit,
+    pause_plan,
+)
 from rlsched.policy.lifecycle import EnvState, env_transition
-
-
-class EnvPolicy(StrEnum):
-    RESIDENT = "resident"
-    REBUILD = "rebuild"
-    PREWARM = "prewarm"
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,27 @@ def _chunk_sizes(nbytes: float, chunk_bytes: float) -> list[float]:
     return [chunk_bytes] * int(whole) + ([rest] if rest > 0 else [])
 
 
+@dataclass(frozen=True)
+class RelayParams:
+    """Instances relay each version to their peers: every instance uploads at most `upload_bps`;
+    the trainer's egress `egress_bps` and the chunk size enter the reload plan
+    (`rlsched.policy.bandwidth.relay_plan`)."""
+
+    upload_bps: float
+    egress_bps: float
+    chunk_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.upload_bps <= 0:
+            raise ValueError(
+                f"weights.relay is on but weights.upload_gbps is {self.upload_bps / 1e9:g}: a receiver "
+                "that cannot upload relays nothing. Set upload_gbps above 0 (or leave it unset for "
+                "receiver_gbps), or relay: false"
+            )
+        if self.egress_bps <= 0 or self.chunk_bytes <= 0:
+            raise ValueError("the relay plan needs a positive egress rate and chunk size")
+
+
 def relay_plan(
     nbytes: float,
     chunk_bytes: float,

@@ -21,9 +21,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 GIB = 1 << 30
 MIB = 1 << 20
+
+
+class EnvPolicy(StrEnum):
+    """When an episode's environments are prepared and released (`rlsched.core.envs` runs them)."""
+
+    RESIDENT = "resident"  # all prepared at admission, kept until the episode ends
+    REBUILD = "rebuild"  # each round's prepared when its tool call arrives, released after it
+    PREWARM = "prewarm"  # the predicted type prepared `lead_s` before the model call should end
 
 
 def _positive(**values: float) -> None:

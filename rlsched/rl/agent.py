@@ -51,7 +51,6 @@ from environments.sandboxed import SandboxedTools, ToolEnvironments
 from rlsched.config import JobConfig
 from rlsched.config_agent import AgentConfig, ToolConfig
 from rlsched.core import envs as ec
-from rlsched.core.envs import EnvPolicy
 from rlsched.engine.protocol import (
     FinishReason,
     GenerationRequest,
@@ -63,7 +62,7 @@ from rlsched.engine.protocol import (
 from rlsched.errors import UserError
 from rlsched.model.content import Rendered, render_shielded
 from rlsched.model.tokenizer import Tokenizer
-from rlsched.policy.environments import Capacity
+from rlsched.policy.environments import Capacity, EnvPolicy
 from rlsched.rl.episode_runs import EpisodeRun
 from rlsched.rl.requests import request_seed, run_seed_for_requests
 from rlsched.rl.task import TaskProblem

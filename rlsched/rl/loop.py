@@ -39,7 +39,8 @@ from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
-from rlsched.rl.task import TaskProblem, build_task, check_prompts, verify_kind_key
+from rlsched.rl.task import TaskProblem, check_prompts, verify_kind_key
+from rlsched.rl.tasks import build_task
 from rlsched.rl.update import (
     TrainItem,
     TrainOptions,

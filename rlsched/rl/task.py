@@ -23,18 +23,13 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from rlsched.config import TaskConfig, TaskKind
 from rlsched.errors import UserError
 from rlsched.model.template import Message, PromptFormat
 from rlsched.model.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from rlsched.rl.datasets import DatasetTask
-    from rlsched.rl.word_problems import ArithmeticTask
 
 
 @dataclass(frozen=True)
@@ -209,25 +204,6 @@ class JsonlTask:
     def train_problems(self, rng: random.Random) -> Iterator[JsonlProblem]:
         while True:
             yield rng.choice(self.train)
-
-
-def build_task(cfg: TaskConfig) -> AdditionTask | JsonlTask | DatasetTask | ArithmeticTask:
-    # the dataset and word-problem modules build on JsonlProblem, so they are imported here, when
-    # used (which also spares every other task the second it takes to import `datasets`)
-    match cfg.name:
-        case TaskKind.ADDITION:
-            return AdditionTask(cfg.digits, cfg.eval_size, cfg.seed)
-        case TaskKind.JSONL:
-            assert cfg.path is not None  # the config's validator guarantees it
-            return JsonlTask(cfg.path, cfg.eval_size, cfg.seed)
-        case TaskKind.DATASET:
-            from rlsched.rl.datasets import load_dataset_task
-
-            return load_dataset_task(cfg)
-        case TaskKind.ARITHMETIC:
-            from rlsched.rl.word_problems import ArithmeticTask
-
-            return ArithmeticTask(cfg.level, cfg.train_size, cfg.eval_size, cfg.seed)
 
 
 TaskProblem = Problem | JsonlProblem

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from rlsched.core import envs as ec
+from rlsched.policy.environments import EnvPolicy
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class EpisodeSpec:
 
 @dataclass(frozen=True)
 class EnvRun:
-    policy: ec.EnvPolicy
+    policy: EnvPolicy
     episodes: int  # completed
     task_s: float  # median, arrival to end (admission wait included)
     run_s: float  # median, admission to end

@@ -37,15 +37,15 @@ from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.verify import BatchState, PendingVerification, TaskId
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Simulator
-from rlsched.sim.rljob import SimRun, _Job, _Stage, _Work
+from rlsched.sim.rljob import PoolStage, SimJob, SimRun, StageWork
 from rlsched.sim.scenario import SimJobConfig
 from verifiers.protocol import Outcome
 
 
-class PipelinedJob(_Job):
+class PipelinedJob(SimJob):
     """One async job's state between events; every method is an event handler or a phase."""
 
-    def __init__(self, cfg: SimJobConfig, sim: Simulator, run: SimRun, cpu: _Stage, gpu: _Stage | None):
+    def __init__(self, cfg: SimJobConfig, sim: Simulator, run: SimRun, cpu: PoolStage, gpu: PoolStage | None):
         super().__init__(cfg, sim, run, cpu, gpu)
         self.pipe = PipelineCore(
             PipelineParams(
@@ -149,7 +149,7 @@ class PipelinedJob(_Job):
         prepares, out = self.gpu is not None, []
         for task in tasks:
             n, pending = self.arrivals.pop(task)
-            work = _Work(self.cpu_all[n], partial(self.on_cpu_done, n), self.wave_of[n], prepares)
+            work = StageWork(self.cpu_all[n], partial(self.on_cpu_done, n), self.wave_of[n], prepares)
             out.append((pending, work))
         self.cpu.submit(out)
 
@@ -157,7 +157,7 @@ class PipelinedJob(_Job):
         if self.gpu is None or not isinstance(result, PendingVerification):
             self.on_judged(task)
             return
-        self.gpu.submit([(result, _Work(self.gpu_all[n], self.on_gpu_done, self.wave_of[n]))])
+        self.gpu.submit([(result, StageWork(self.gpu_all[n], self.on_gpu_done, self.wave_of[n]))])
 
     def on_judged(self, task: TaskId) -> None:
         effects = self.pipe.judged_now(self.sim.now, task)

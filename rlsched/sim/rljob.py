@@ -1,6 +1,7 @@
 """RL jobs in virtual time: generate on instances, verify on a shared pool, update, publish; repeat.
 
-A scenario (`rlsched.sim.scenario.ScenarioConfig`) holds one or more jobs and one verifier pool they share.
+A scenario (`rlsched.sim.scenario.ScenarioConfig`) holds one or more jobs and one verifier pool they share
+(`rlsched.sim.jobs.simulate` runs them together).
 Each iteration of a job asks for `samples` generations from its rollout fleet (`rlsched.sim.fleet`,
 a driver of the runtime's fleet core: `instances` static instances, transient ones with windows,
 each idle READY instance taking `request_batch` requests at a time, every version pulled before it
@@ -32,7 +33,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -84,18 +84,17 @@ from rlsched.policy.verify import (
     WorkerId,
     generation_order,
 )
-from rlsched.policy.versions import PipelineMode
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Alarm, Simulator
 from rlsched.sim.fleet import SimFleet
-from rlsched.sim.scenario import ScenarioConfig, SimJobConfig, SimPoolConfig
+from rlsched.sim.scenario import SimJobConfig, SimPoolConfig
 from verifiers.protocol import Outcome, Prepared, Verdict
 
 Done = Callable[[TaskId, "Outcome | PendingVerification"], None]  # settled, or handed to the GPU stage
 
 
 @dataclass(slots=True)
-class _Work:
+class StageWork:
     """What the simulator drew for one verification, and whom to tell when it is done."""
 
     seconds: float
@@ -125,7 +124,7 @@ class SimRun:
         return phase_times([s for s in spans if s.iteration == iteration]).t_iter
 
 
-class _Stage:
+class PoolStage:
     """One kind of verifier worker (CPU or GPU), shared by every job: a driver of the pool's core
     (`rlsched.core.verify_pool`) in virtual time. A run takes its drawn duration and ends with a
     passing verdict (or, on a CPU stage with a GPU stage after it, prepared work); a kill and the
@@ -158,21 +157,21 @@ class _Stage:
             at=sim.now,
         )
         self.estimator = self.core.estimator
-        self.work: dict[TaskId, _Work] = {}
-        self.jobs: list[_Job] = []
+        self.work: dict[TaskId, StageWork] = {}
+        self.jobs: list[SimJob] = []
         self.busy_s = 0.0
         self._alarm = Alarm(sim, self._on_tick)
         for effect in self.core.start():  # the first workers are up at once
             assert isinstance(effect, StartWorker)
             self._feed(WorkerUp(sim.now, effect.worker))
 
-    def submit(self, tasks: list[tuple[PendingVerification, _Work]]) -> None:
+    def submit(self, tasks: list[tuple[PendingVerification, StageWork]]) -> None:
         """Queue verifications, each with its drawn seconds and what to call once it is done here."""
         for task, work in tasks:
             self.work[task.task_id] = work
         self._feed(Submitted(self.sim.now, tuple([t for t, _ in tasks])))
 
-    def submit_one(self, task: PendingVerification, work: _Work) -> None:
+    def submit_one(self, task: PendingVerification, work: StageWork) -> None:
         """`submit` of one verification (the common case: a sample verified as it arrives)."""
         self.work[task.task_id] = work
         self._feed(Submitted(self.sim.now, (task,)))
@@ -247,10 +246,10 @@ class _Stage:
         self.core.close(end)
 
 
-class _Job:
+class SimJob:
     """One job's state between events; every method is an event handler or a phase."""
 
-    def __init__(self, cfg: SimJobConfig, sim: Simulator, run: SimRun, cpu: _Stage, gpu: _Stage | None):
+    def __init__(self, cfg: SimJobConfig, sim: Simulator, run: SimRun, cpu: PoolStage, gpu: PoolStage | None):
         self.cfg, self.sim, self.run, self.cpu, self.gpu = cfg, sim, run, cpu, gpu
         self.name = cfg.name
         self.cpu_s: np.ndarray = np.zeros(0)
@@ -392,7 +391,7 @@ class _Job:
             Span(SpanKind.TRANSFER, f"{instance}/v", start, self.sim.now, self.iteration, attrs)
         )
 
-    def _stages(self) -> tuple[_Stage, ...]:
+    def _stages(self) -> tuple[PoolStage, ...]:
         return (self.cpu,) if self.gpu is None else (self.cpu, self.gpu)
 
     def _batch_changed(self) -> None:
@@ -413,7 +412,7 @@ class _Job:
         it, prepares, out = self.core.iteration, self.gpu is not None, []
         for task in tasks:
             n, pending = self.arrivals.pop(task)
-            out.append((pending, _Work(self.cpu_list[n], partial(self.on_cpu_done, n), it, prepares)))
+            out.append((pending, StageWork(self.cpu_list[n], partial(self.on_cpu_done, n), it, prepares)))
         if len(out) == 1:
             self.cpu.submit_one(*out[0])
         else:
@@ -423,7 +422,7 @@ class _Job:
         if self.gpu is None or not isinstance(result, PendingVerification):
             self.on_judged(task)  # judged here (or the CPU stage failed it for good)
             return
-        self.gpu.submit([(result, _Work(float(self.gpu_s[n]), self.on_gpu_done, self.core.iteration))])
+        self.gpu.submit([(result, StageWork(float(self.gpu_s[n]), self.on_gpu_done, self.core.iteration))])
 
     def on_gpu_done(self, task: TaskId, result: Outcome | PendingVerification) -> None:
         self.on_judged(task)
@@ -459,47 +458,3 @@ class _Job:
             self.active = False
             self._batch_changed()
             self.fleet.close()
-
-
-def _job_class(cfg: SimJobConfig) -> type[_Job]:
-    """The driver of a job's iteration core: the sequential one, or the pipeline for `mode: async`."""
-    if cfg.mode is PipelineMode.ASYNC:
-        from rlsched.sim.pipelined import PipelinedJob  # it builds on this module's job
-
-        return PipelinedJob
-    return _Job
-
-
-def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
-    """One run of every job of the scenario, under `policy` (default: the scenario's first)."""
-    policy = policy or scenario.policies[0]
-    sim = Simulator(seed)
-    run = SimRun()
-    pool = scenario.pool
-    stages = {"cpu": _Stage("cpu", pool.cpu_workers, sim, policy, pool, run.spans)}
-    if pool.gpu_workers:
-        stages["gpu"] = _Stage("gpu", pool.gpu_workers, sim, policy, pool, run.spans)
-    jobs = []
-    for cfg in scenario.jobs:
-        gpu = stages["gpu"] if cfg.verify_gpu_s is not None else None
-        job = _job_class(cfg)(cfg, sim, run, stages["cpu"], gpu)
-        jobs.append(job)
-        for stage in (stages["cpu"], gpu):
-            if stage is not None:
-                stage.jobs.append(job)
-        sim.at(0.0, job.start)
-    run.events = sim.run()
-    run.decisions = sim.decisions
-    end = max(map(attrgetter("end"), run.spans), default=0.0)
-    for job in jobs:
-        if job.cfg.weights is not None or job.cfg.transient:  # an elastic job: each instance's life
-            run.instances.update(job.fleet.lives(end))
-        run.resumed += job.fleet.resumed
-        if job.staleness:
-            run.dropped[job.name], run.staleness[job.name] = job.dropped, dict(sorted(job.staleness.items()))
-        run.restarted += job.fleet.restarted
-    for name, stage in stages.items():
-        stage.close(end)
-        run.busy_s[name] = stage.busy_s
-        run.worker_s[name] = stage.worker_s
-    return run

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from rlsched.config import TimeoutConfig, TransientInstance
 from rlsched.config_load import Section, load_tree
-from rlsched.core.fleet_io import RelayParams
+from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.policy.versions import PipelineMode, pipeline_problem
 from rlsched.sim.dists import Constant, Distribution, Uniform

@@ -13,7 +13,7 @@ import pytest
 from rlsched.config import TaskFormat, load_config
 from rlsched.errors import UserError
 from rlsched.rl.datasets import DatasetTask, read_source, resolve_format
-from rlsched.rl.task import build_task
+from rlsched.rl.tasks import build_task
 from tests.helpers import dataset_task
 
 

@@ -11,8 +11,8 @@ import pytest
 import ray
 
 from actors.envs import EnvDriver, EnvHost, EnvKind, EpisodePlan
-from rlsched.core.envs import EnvParams, EnvPolicy, EnvType
-from rlsched.policy.environments import Capacity
+from rlsched.core.envs import EnvParams, EnvType
+from rlsched.policy.environments import Capacity, EnvPolicy
 
 pytestmark = pytest.mark.ray
 

@@ -91,7 +91,7 @@ def test_task_files_load(path: Path) -> None:
 def test_job_files_load(path: Path) -> None:
     cfg = load_config(path)
     assert isinstance(cfg, JobConfig)
-    from rlsched.rl.task import build_task
+    from rlsched.rl.tasks import build_task
 
     assert build_task(cfg.task).eval_problems  # the task the job names loads too
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rlsched.core import envs as ec
-from rlsched.core.envs import EnvParams, EnvPolicy, EnvType
-from rlsched.policy.environments import Capacity
+from rlsched.core.envs import EnvParams, EnvType
+from rlsched.policy.environments import Capacity, EnvPolicy
 from rlsched.policy.lifecycle import EnvState
 from rlsched.sim.envs import EpisodeSpec, simulate_envs
 

@@ -16,6 +16,7 @@ import pytest
 from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore, FleetTrace
 from rlsched.core.weights import WeightBook
+from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.lifecycle import IllegalTransition, InstanceState, Leave, VersionState
 from rlsched.policy.resume import Restart, ResumeCost
 from rlsched.sim.replay import compare, replay
@@ -408,7 +409,7 @@ def test_nothing_is_admissible_before_a_publish_and_a_negative_bound_is_refused(
         WeightBook(-1)
 
 
-RELAY = fx.RelayParams(upload_bps=0.5e9, egress_bps=0.5e9, chunk_bytes=4 << 20)
+RELAY = RelayParams(upload_bps=0.5e9, egress_bps=0.5e9, chunk_bytes=4 << 20)
 
 
 def test_a_reload_with_relays_follows_the_plans_pipelined_chain() -> None:
@@ -434,7 +435,7 @@ def test_without_relays_every_pull_is_from_the_trainer_alone() -> None:
 
 def test_a_lone_joiner_pulls_from_peers_only_while_they_would_feed_it_as_fast_as_the_trainer() -> None:
     """Uploads of 0.5 Gbit/s, the trainer's egress 0.25: holders before pullers, least loaded first."""
-    c = core(ready=2, relay=fx.RelayParams(upload_bps=0.5e9, egress_bps=0.25e9))
+    c = core(ready=2, relay=RelayParams(upload_bps=0.5e9, egress_bps=0.25e9))
     (first,) = only(c.handle(fx.Added(1.0, "j1")), fx.StartPull)
     assert first.sources == ("rollout-0", "rollout-1")  # both hold it, both idle: by name
     (second,) = only(c.handle(fx.Added(1.0, "j2")), fx.StartPull)
@@ -450,7 +451,7 @@ def test_a_lone_joiner_pulls_from_peers_only_while_they_would_feed_it_as_fast_as
 @pytest.mark.parametrize("upload", [0.0, -1e9])
 def test_relays_with_no_upload_are_refused_with_the_fix(upload: float) -> None:
     with pytest.raises(ValueError, match=r"upload_gbps is -?[01]:.*relay: false"):
-        fx.RelayParams(upload_bps=upload, egress_bps=1e9)
+        RelayParams(upload_bps=upload, egress_bps=1e9)
 
 
 def test_a_reload_holds_an_instance_for_pinned_episodes_only_while_its_version_is_admissible() -> None:

@@ -31,7 +31,7 @@ from rlsched.core.iteration import (
 from rlsched.core.pipeline import PipelineCore, PipelineParams
 from rlsched.metrics.spans import SpanKind
 from rlsched.policy.lifecycle import IllegalTransition, TrainerPhase
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from rlsched.config import load_config
 from rlsched.errors import UserError
-from rlsched.rl.task import JsonlTask, build_task
+from rlsched.rl.task import JsonlTask
+from rlsched.rl.tasks import build_task
 from verifiers.loading import VerifierSet, VerifierSpecError, load_verifier
 from verifiers.protocol import ExecutionFault, Verdict, VerifyRequest
 

@@ -11,7 +11,7 @@ from rlsched.errors import UserError
 from rlsched.metrics.spans import SpanKind
 from rlsched.sim.engine import Simulator
 from rlsched.sim.fleet import Link, Transfers
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from typing import Any
 
 from rlsched.metrics.spans import SpanKind
 from rlsched.policy.verify import DispatchPolicy
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from rlsched.metrics.spans import SpanKind, phase_times
 from rlsched.policy.queueing import batch
-from rlsched.sim.rljob import simulate
+from rlsched.sim.jobs import simulate
 from rlsched.sim.scenario import ScenarioConfig
 
 JOB: dict[str, Any] = {

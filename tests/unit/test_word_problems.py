@@ -9,7 +9,7 @@ import pytest
 
 from rlsched.config import ArithmeticLevel, load_config
 from rlsched.errors import UserError
-from rlsched.rl.task import build_task
+from rlsched.rl.tasks import build_task
 from rlsched.rl.word_problems import ANSWER_FORMAT, LEVELS, ArithmeticTask, problem_id
 from verifiers.math import MathVerifier
 from verifiers.protocol import Verdict, VerifyRequest

@@ -6,6 +6,10 @@ The cluster scheduler's gangs (`job_spec`), the capacity check before a job star
 actors themselves (`actors.fleet`, `actors.pool`, through `actors.demand.actor_options`) and the
 iteration's cost rate (`training_devices`) all take their figures from here, so what a job is
 admitted for is what its actors ask Ray for.
+
+It translates the config into the cores' vocabulary (`JobSpec`, bundles), so it sits beside the
+config rather than in `rlsched.core`, which never reads the config (the import contract in
+pyproject.toml).
 """
 
 from __future__ import annotations
