@@ -47,7 +47,7 @@ from actors.records import IterationRecord, generate_attrs, record_of, unjudgeab
 from actors.trainer import PublishedVersion, TrainingGroup
 from actors.verification import JobVerification
 from rlsched.config import JobConfig
-from rlsched.config_demand import training_devices
+from rlsched.config_params import pipeline_params
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import FinishReason, GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.metrics.spans import Span, SpanKind
@@ -182,9 +182,8 @@ class JobController:
 
     def _iteration_core(self, version: int) -> it.IterationCore:
         cfg = self.cfg
-        params = it.IterationParams(
-            cfg.schedule.overlap, training_devices(cfg.trainer), cfg.rollout.max_staleness
-        )
+        p = pipeline_params(cfg)  # the sync run's core takes the same parameters (issue 42: one core next)
+        params = it.IterationParams(p.overlap, p.cost_rate, p.max_staleness)
         return it.IterationCore(params, version=version)
 
     def restart_training(self, start: Start) -> int:

@@ -1,11 +1,11 @@
-"""The Ray actor options that ask for a bundle of a job's demand (`rlsched.config_demand`): what a
+"""The Ray actor options that ask for a bundle of a job's demand (`rlsched.config_params`): what a
 placement group's bundle of the same shape reserves."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlsched.config_demand import Bundle
+from rlsched.config_params import Bundle
 
 
 def actor_options(bundle: Bundle) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
 from rlsched.config import JobConfig
 from rlsched.config_agent import PREFIX_CACHE_BLOCKS
-from rlsched.config_demand import instance_bundle
+from rlsched.config_params import instance_bundle
 from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore, FleetTrace
 from rlsched.engine.prefix_cache import BLOCK

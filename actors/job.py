@@ -32,7 +32,7 @@ from actors.interrupt import Terminated, ctrl_c
 from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox, record_job
 from rlsched.config import EngineKind, JobConfig
-from rlsched.config_demand import embedded_resources, job_spec, shortfall
+from rlsched.config_params import embedded_resources, job_spec, shortfall
 from rlsched.core.fleet import FleetTrace
 from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from actors.interrupt import ctrl_c
 from actors.pool import step
 from actors.records import IterationRecord, generate_attrs, record_of
-from rlsched.config_demand import training_devices
+from rlsched.config_params import pipeline_params
 from rlsched.core import iteration as it
-from rlsched.core.pipeline import PipelineCore, PipelineParams
+from rlsched.core.pipeline import PipelineCore
 from rlsched.engine.protocol import RequestId, Sample
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.durability import checkpoint_due
@@ -63,14 +63,7 @@ class PipelinedRun:
         self.restarts = restarts
         cfg = controller.cfg
         self.core = PipelineCore(
-            PipelineParams(
-                batch_groups=cfg.grpo.prompts_per_step,
-                group_size=cfg.grpo.group_size,
-                max_staleness=cfg.rollout.max_staleness,
-                buffer_groups=cfg.schedule.buffer_groups or cfg.grpo.prompts_per_step,
-                overlap=cfg.schedule.overlap,
-                cost_rate=training_devices(cfg.trainer),
-            ),
+            pipeline_params(cfg),
             version=version,
             at=controller.clock(),
             steps=committed,

@@ -34,7 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.demand import actor_options
 from actors.verifier import Heartbeat, Stage, VerifierWorker, WorkerProcess
 from rlsched.config import VerifierConfig
-from rlsched.config_demand import worker_bundle
+from rlsched.config_params import worker_bundle
 from rlsched.core import verify_pool_io as vx
 from rlsched.core.verify_pool import PoolTrace, VerifyPoolCore
 from rlsched.errors import UserError

@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.demand import actor_options
 from rlsched.config import GRPOConfig, TrainerConfig, WeightsConfig
-from rlsched.config_demand import rank_bundle
+from rlsched.config_params import rank_bundle
 from rlsched.errors import CollectiveFault, TrainingFault, UserError
 from rlsched.model.checkpoint import checksum, load_checkpoint
 from rlsched.rl.grpo import LossStats

@@ -308,7 +308,7 @@ class IterationCore:
 
 IterationTrace = Trace[IterationCore, Event, Effect]
 
-_Phase = TypeVar("_Phase", Update, Publish, Reload, Committed)
+_Phase = TypeVar("_Phase", Generate, Update, Publish, Reload, Committed)
 
 
 class Phases:

@@ -1,6 +1,8 @@
-"""The pipelined (`async`) iteration as a state core: generation runs ahead of training by up to
-`max_staleness` versions, judged groups wait in a buffer, and the trainer takes a batch whenever it
-is free.
+"""The iteration as a state core, pipelined: generation runs ahead of training by up to
+`max_staleness` versions (`mode: async`), judged groups wait in a buffer, and the trainer takes a
+batch whenever it is free. `mode: sync` is the same pipeline run zero versions ahead: a wave goes out
+once the step before it is committed, and the step takes the whole wave (`PipelineParams.mode`, the
+variants below), so that one core serves both modes.
 
 It speaks the sequential core's events and effects (`rlsched.core.iteration`), so a driver feeds it
 the same `Started`, `SampleArrived`, `Judged`, `Updated`, `VersionPublished` and `Reloaded`, and
@@ -26,6 +28,16 @@ Each span a driver records carries the iteration it serves: a generated sample i
 its step's. `Committed.started` is the previous commit, so iteration spans tile the timeline and the
 steady-state t_iter is the time between commits. The buffer counts groups, never requests in flight;
 generation pauses while it is full (it may then pass its size by the groups already in flight).
+
+Sync mode (`PipelineMode.SYNC`) differs in three named variants, and makes the decisions of the
+sequential core (`rlsched.core.iteration.IterationCore`) effect for effect, `Generate` aside
+(`tests/unit/test_core_pipeline_sync.py`):
+
+- generation runs no version ahead: wave `w` goes out once step `w - 1` is committed, whatever
+  `max_staleness` (which still bounds the versions an update keeps: an instance may lag);
+- a step's batch is its whole wave, every group of it in the order it went out (samples offered
+  while the wave generates included), taken once the last group is judged;
+- `Committed` names the version the wave went out with and starts at the wave's start.
 
 Lifecycle: the trainer lane's `TrainerPhase` (`rlsched.policy.lifecycle`), each move checked.
 """
@@ -74,21 +86,28 @@ class PipelineParams:
     cost_rate: float = 1.0  # devices of the training group left idle while it waits for a batch
     batch_prefix: str = "iter-"  # wave w's batch is `{batch_prefix}{w}`
     kind: str = "default"  # the verifier kind its batch states carry
+    mode: PipelineMode = PipelineMode.ASYNC  # sync: no version ahead, a step takes its whole wave
 
     def __post_init__(self) -> None:
         if self.batch_groups < 1 or self.group_size < 1:
             raise ValueError("a pipeline needs at least one group of at least one sample per batch")
-        problem = pipeline_problem(
-            PipelineMode.ASYNC, self.max_staleness, self.buffer_groups, self.batch_groups
-        )
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be at least 0, got {self.max_staleness}")
+        problem = pipeline_problem(self.mode, self.max_staleness, self.buffer_groups, self.batch_groups)
         if problem is not None:
             raise ValueError(problem)
+
+    @property
+    def ahead(self) -> int:
+        """Versions generation may run ahead of the trainer: `max_staleness` in async mode, none in sync."""
+        return self.max_staleness if self.mode is PipelineMode.ASYNC else 0
 
 
 @dataclass(slots=True)
 class _Group:
     wave: int
     members: tuple[str, ...]
+    seq: int  # its place among every group sent out (a sync step keeps the order its wave went out in)
     arrived: dict[str, int] = field(default_factory=dict)  # request -> oldest version of its tokens
     judged: set[str] = field(default_factory=set)
     done_at: float = 0.0
@@ -118,6 +137,7 @@ class _Wave:
 class _Step:
     iteration: int
     oldest: int  # the oldest version any of its samples was generated with
+    floor: int  # the oldest version every serving instance held when one of its waves went out
     first_wave_started: float
     last_arrival: float
 
@@ -148,6 +168,9 @@ class PipelineCore:
         self.last_generation_s: float | None = None
         self._arrival_at: dict[str, float] = {}
         self._wave_started: dict[int, float] = {}
+        self._wave_floor: dict[int, int] = {}
+        self._seq = 0  # groups sent out so far
+        self._take_batch, self._commit_as = _TAKE[params.mode], _COMMIT[params.mode]
         self._announced = False  # a Generate is out and its Started not yet in
         self._running: deque[_Step] = deque()  # steps asked for and not yet committed, in order
         self._out: list[Effect] = []
@@ -170,8 +193,9 @@ class PipelineCore:
         self.dropped_groups, self.buffer_peak = dropped_groups, buffer_peak
         wave = self.steps  # older than any wave this pipeline sends out
         self._wave_started.setdefault(wave, at)
+        self._wave_floor.setdefault(wave, min((min(g.values()) for g in groups if g), default=self.version))
         for versions in groups:
-            group = _Group(wave, tuple(versions), dict(versions), set(versions), at)
+            group = _Group(wave, tuple(versions), self._next_seq(), dict(versions), set(versions), at)
             self._arrival_at.update(dict.fromkeys(versions, at))
             insort(self.buffer, group, key=lambda g: (g.wave, g.done_at))
         self.buffer_peak = max(self.buffer_peak, len(self.buffer))
@@ -237,7 +261,7 @@ class PipelineCore:
         """Send out every wave the staleness bound and the buffer allow now."""
         p = self.params
         while (
-            self.next_wave - 1 + self._offset - p.max_staleness <= self.reloaded
+            self.next_wave - 1 + self._offset - p.ahead <= self.reloaded
             and len(self.buffer) < p.buffer_groups
             and not self._announced
         ):
@@ -258,17 +282,26 @@ class PipelineCore:
         groups = len(e.requests) // p.group_size
         self.waves[e.iteration] = _Wave(e.iteration, e.at, len(e.requests), self.reloaded, groups)
         self._wave_started[e.iteration] = e.at
+        self._wave_floor[e.iteration] = self.reloaded
         for i in range(0, len(e.requests), p.group_size):
             members = tuple(e.requests[i : i + p.group_size])
-            group = _Group(e.iteration, members)
+            group = _Group(e.iteration, members, self._next_seq())
             for rid in members:
                 self.groups[rid] = group
         self._maybe_generate()
 
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
     def _offered(self, e: Offered) -> None:
-        """Samples finished outside the job's requests: each its own group in the newest wave."""
+        """Samples finished outside the job's requests: each its own group in the newest wave (in sync
+        mode only while that wave generates: its step takes the wave once every sample is in)."""
         wave = self.waves.get(self.iteration)
-        if wave is None:
+        sync_past = (
+            self.params.mode is PipelineMode.SYNC and wave is not None and wave.arrived == wave.requests
+        )
+        if wave is None or sync_past:
             self.unexpected += len(e.samples)
             return
         for rid, version in e.samples:
@@ -277,7 +310,7 @@ class PipelineCore:
                 continue
             wave.requests += 1
             wave.open_groups += 1
-            self.groups[rid] = _Group(wave.iteration, (rid,))
+            self.groups[rid] = _Group(wave.iteration, (rid,), self._next_seq())
             self._on_arrival(e.at, rid, version)
 
     def _on_arrival(self, at: float, rid: str, version: int) -> None:
@@ -341,9 +374,9 @@ class PipelineCore:
                 self._arrival_at.pop(rid, None)
             self._out.append(Dropped(_ids(dropped), oldest))
             self._maybe_generate()
-        if len(self.buffer) < p.batch_groups or self._waits_for_old_groups():
+        batch = self._take_batch(self)
+        if not batch:
             return
-        batch, self.buffer = self.buffer[: p.batch_groups], self.buffer[p.batch_groups :]
         histogram = Counter(staleness(self.trained, v) for g in batch for v in g.arrived.values())
         self.stale_histogram.update(histogram)
         self.steps += 1
@@ -352,6 +385,7 @@ class PipelineCore:
             _Step(
                 self.steps,
                 min(g.oldest for g in batch),
+                min(self._wave_floor[g.wave] for g in batch),
                 min(self._wave_started[g.wave] for g in batch),
                 max(self._arrival_at.pop(r) for r in rids),
             )
@@ -390,10 +424,8 @@ class PipelineCore:
         self.reloaded = self.version
         step = self._running.popleft()
         self.committed += 1
-        started, self.last_commit = self.last_commit, e.at
-        self._out.append(
-            Committed(step.iteration, step.oldest, started, step.last_arrival - step.first_wave_started)
-        )
+        self._out.append(self._commit_as(self, step))
+        self.last_commit = e.at
         if self.trainer is _T.UPDATED:
             self._publish()
         self._maybe_generate()
@@ -405,6 +437,55 @@ class PipelineCore:
 
 def _ids(groups: list[_Group]) -> tuple[str, ...]:
     return tuple(r for g in groups for r in g.members)
+
+
+# -- the two modes' variants ------------------------------------------------------------------------
+
+
+def _take_groups(core: PipelineCore) -> list[_Group]:
+    """Async: the oldest `batch_groups` groups of the buffer, once it holds that many, unless a group
+    still in flight would be past the bound by the next step. Empty: no batch yet."""
+    n = core.params.batch_groups
+    if len(core.buffer) < n or core._waits_for_old_groups():
+        return []
+    batch, core.buffer = core.buffer[:n], core.buffer[n:]
+    return batch
+
+
+def _take_wave(core: PipelineCore) -> list[_Group]:
+    """Sync: the oldest wave's every group (those dropped as stale aside), in the order they went out,
+    once the wave's last sample is in and judged. Empty: no batch yet."""
+    if not core.buffer or core.buffer[0].wave in core.waves:
+        return []
+    wave = core.buffer[0].wave
+    batch = sorted((g for g in core.buffer if g.wave == wave), key=lambda g: g.seq)
+    core.buffer = [g for g in core.buffer if g.wave != wave]
+    return batch
+
+
+def _commit_async(core: PipelineCore, step: _Step) -> Committed:
+    """Async: the step's samples' oldest version; the iteration runs from the commit before it, so
+    iteration spans tile the timeline and t_iter is the time between commits."""
+    return Committed(
+        step.iteration, step.oldest, core.last_commit, step.last_arrival - step.first_wave_started
+    )
+
+
+def _commit_sync(core: PipelineCore, step: _Step) -> Committed:
+    """Sync: the version its wave went out with; the iteration runs from its wave's start."""
+    return Committed(
+        step.iteration, step.floor, step.first_wave_started, step.last_arrival - step.first_wave_started
+    )
+
+
+_TAKE: dict[PipelineMode, Callable[[PipelineCore], list[_Group]]] = {
+    PipelineMode.ASYNC: _take_groups,
+    PipelineMode.SYNC: _take_wave,
+}
+_COMMIT: dict[PipelineMode, Callable[[PipelineCore, _Step], Committed]] = {
+    PipelineMode.ASYNC: _commit_async,
+    PipelineMode.SYNC: _commit_sync,
+}
 
 
 PipelineTrace = Trace[PipelineCore, Event, Effect]

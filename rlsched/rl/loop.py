@@ -27,7 +27,9 @@ import torch
 
 from rlsched.config import JobConfig
 from rlsched.config_agent import PREFIX_CACHE_BLOCKS
+from rlsched.config_params import pipeline_params
 from rlsched.core import iteration as it
+from rlsched.core.pipeline import PipelineCore
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
@@ -133,8 +135,12 @@ class GRPOLoop:
         self.pool = LocalPool(cfg.verifier, cfg.grpo.verify_retries, rewards=self.verifiers.rewards)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
-        self.core = it.IterationCore(it.IterationParams(max_staleness=cfg.rollout.max_staleness))
+        # the iteration's one core, in sync mode (`--local` refuses async: one phase at a time), built
+        # from the config as the Ray controller builds it
+        self.core = PipelineCore(pipeline_params(cfg))
         self.phases = it.Phases()  # what the core asked for, run in `step`'s order
+        for effect in self.core.start():  # the word that iteration 1 may go out
+            self.phases.ask(effect)
         self.log = log
         self.sampling = sampling_params(cfg.sampling, self.template)
         self.agent = self._agent_rollout() if cfg.agent.enabled else None
@@ -221,7 +227,7 @@ class GRPOLoop:
         phase: dict[str, float] = {}
         t = time.monotonic()
         problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
-        iteration = self.core.iteration + 1
+        iteration = self.phases.take(it.Generate).iteration  # the core's word that it may go out
         if self.agent is not None:
             return self._agent_step(step, iteration, problems)
         requests, references = group_requests(  # 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from actors.cluster import JobSpec, JobState, Scheduler
 from rlsched.admin import admission_params, load_admin
 from rlsched.config import load_config
-from rlsched.config_demand import job_spec
+from rlsched.config_params import job_spec
 from rlsched.policy.placement import Gang, Strategy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -67,3 +67,20 @@ def test_unjudgeable_groups_are_left_out_not_scored_zero() -> None:
     assert rec.loss == 0.0
     after = loop.policy.state_dict()
     assert all((before[k] == after[k]).all() for k in before)  # no update from unjudged samples
+
+
+def test_the_local_loop_builds_its_iteration_core_from_the_config_as_the_ray_controller_does() -> None:
+    """One YAML, the same iteration: `--local` builds its core with `pipeline_params`, as the Ray
+    controller does, so `schedule.overlap` and the training group's cost rate reach it (it dropped
+    both before issue 42) and sync mode is the pipeline run zero versions ahead."""
+    from rlsched.config_params import pipeline_params, training_devices
+    from rlsched.policy.versions import PipelineMode
+
+    cfg = load_config(None, [*SMALL, "schedule.overlap=false", "trainer.ranks=2", "rollout.max_staleness=1"])
+    loop = GRPOLoop(cfg, log=lambda _: None)
+    params = loop.core.params
+    assert params == pipeline_params(cfg)
+    assert params.overlap is False and params.cost_rate == training_devices(cfg.trainer) == 2.0
+    assert params.mode is PipelineMode.SYNC and params.ahead == 0 and params.max_staleness == 1
+    record = loop.step(0)  # the sequential baseline: every sample verified once generation ends
+    assert record.step == 1 and record.version == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from actors.demand import actor_options
 from rlsched.config import load_config
-from rlsched.config_demand import instance_bundle, rank_bundle, worker_bundle
+from rlsched.config_params import instance_bundle, rank_bundle, worker_bundle
 
 
 def test_each_bundle_carries_its_cpus_gpus_and_custom_resources() -> None:

@@ -1,5 +1,8 @@
-"""A job's demand on the cluster, written once: the bundle each training rank, rollout instance and
-verifier worker holds, and the devices its training group leaves idle while a batch is incomplete.
+"""A job's config in the cores' terms, translated once: its demand on the cluster and its iteration's
+parameters.
+
+The demand: the bundle each training rank, rollout instance and verifier worker holds, and the
+devices its training group leaves idle while a batch is incomplete.
 
 The cluster scheduler's gangs (`job_spec`), the capacity check before a job starts
 (`required_resources`), the trainer's own placement group (`actors.trainer.reserve_gang`), the
@@ -7,15 +10,20 @@ actors themselves (`actors.fleet`, `actors.pool`, through `actors.demand.actor_o
 iteration's cost rate (`training_devices`) all take their figures from here, so what a job is
 admitted for is what its actors ask Ray for.
 
-It translates the config into the cores' vocabulary (`JobSpec`, bundles), so it sits beside the
-config rather than in `rlsched.core`, which never reads the config (the import contract in
-pyproject.toml).
+The iteration (`pipeline_params`): what the iteration's core is built with, by every driver of it
+(the Ray controller, `--local`), so that one YAML runs the same iteration under each, `overlap` and
+the cost rate included.
+
+It translates the config into the cores' vocabulary (`JobSpec`, bundles, `PipelineParams`), so it
+sits beside the config rather than in `rlsched.core`, which never reads the config (the import
+contract in pyproject.toml).
 """
 
 from __future__ import annotations
 
 from rlsched.config import JobConfig, RolloutConfig, TrainerConfig, VerifierConfig
 from rlsched.core.cluster_io import JobSpec
+from rlsched.core.pipeline import PipelineParams
 from rlsched.policy.placement import Gang, Strategy, add
 
 Bundle = dict[str, float]
@@ -43,6 +51,21 @@ def training_devices(t: TrainerConfig) -> float:
     """The devices the training group holds, left idle while its batch is incomplete (a CPU-only
     rank counts as one): the cost rate the verifier pool's dispatch policy weighs batches by."""
     return float(t.ranks * max(1, t.gpus_per_rank))
+
+
+def pipeline_params(cfg: JobConfig) -> PipelineParams:
+    """The iteration's core parameters: a step's GRPO groups, the buffer (`schedule.buffer_groups`,
+    unset: one batch), the staleness bound, the mode, overlap and the training group's cost rate."""
+    batch = cfg.grpo.prompts_per_step
+    return PipelineParams(
+        batch_groups=batch,
+        group_size=cfg.grpo.group_size,
+        max_staleness=cfg.rollout.max_staleness,
+        buffer_groups=cfg.schedule.buffer_groups or batch,
+        overlap=cfg.schedule.overlap,
+        cost_rate=training_devices(cfg.trainer),
+        mode=cfg.schedule.mode,
+    )
 
 
 def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:
