@@ -170,7 +170,9 @@ class PipelineCore:
         self._wave_started: dict[int, float] = {}
         self._wave_floor: dict[int, int] = {}
         self._seq = 0  # groups sent out so far
-        self._take_batch, self._commit_as = _TAKE[params.mode], _COMMIT[params.mode]
+        sync = params.mode is PipelineMode.SYNC  # the mode's variants, chosen once
+        self._take_batch = self._take_wave if sync else self._take_groups
+        self._commit_as = self._commit_sync if sync else self._commit_async
         self._announced = False  # a Generate is out and its Started not yet in
         self._running: deque[_Step] = deque()  # steps asked for and not yet committed, in order
         self._out: list[Effect] = []
@@ -193,7 +195,7 @@ class PipelineCore:
         self.dropped_groups, self.buffer_peak = dropped_groups, buffer_peak
         wave = self.steps  # older than any wave this pipeline sends out
         self._wave_started.setdefault(wave, at)
-        self._wave_floor.setdefault(wave, min((min(g.values()) for g in groups if g), default=self.version))
+        self._wave_floor.setdefault(wave, self.reloaded)
         for versions in groups:
             group = _Group(wave, tuple(versions), self._next_seq(), dict(versions), set(versions), at)
             self._arrival_at.update(dict.fromkeys(versions, at))
@@ -374,7 +376,7 @@ class PipelineCore:
                 self._arrival_at.pop(rid, None)
             self._out.append(Dropped(_ids(dropped), oldest))
             self._maybe_generate()
-        batch = self._take_batch(self)
+        batch = self._take_batch()
         if not batch:
             return
         histogram = Counter(staleness(self.trained, v) for g in batch for v in g.arrived.values())
@@ -424,7 +426,7 @@ class PipelineCore:
         self.reloaded = self.version
         step = self._running.popleft()
         self.committed += 1
-        self._out.append(self._commit_as(self, step))
+        self._out.append(self._commit_as(step))
         self.last_commit = e.at
         if self.trainer is _T.UPDATED:
             self._publish()
@@ -434,58 +436,41 @@ class PipelineCore:
         out, self._out = self._out, []
         return out
 
+    # -- the two modes' variants ----------------------------------------------------------------------
+
+    def _take_groups(self) -> list[_Group]:
+        """Async: the oldest `batch_groups` groups of the buffer, once it holds that many, unless a
+        group still in flight would be past the bound by the next step. Empty: no batch yet."""
+        n = self.params.batch_groups
+        if len(self.buffer) < n or self._waits_for_old_groups():
+            return []
+        batch, self.buffer = self.buffer[:n], self.buffer[n:]
+        return batch
+
+    def _take_wave(self) -> list[_Group]:
+        """Sync: the oldest wave's every group (those dropped as stale aside), in the order they went
+        out, once the wave's last sample is in and judged. Empty: no batch yet."""
+        if not self.buffer or self.buffer[0].wave in self.waves:
+            return []
+        wave = self.buffer[0].wave
+        batch = sorted((g for g in self.buffer if g.wave == wave), key=lambda g: g.seq)
+        self.buffer = [g for g in self.buffer if g.wave != wave]
+        return batch
+
+    def _commit_async(self, step: _Step) -> Committed:
+        """Async: the step's samples' oldest version; the iteration runs from the commit before it, so
+        iteration spans tile the timeline and t_iter is the time between commits."""
+        generation_s = step.last_arrival - step.first_wave_started
+        return Committed(step.iteration, step.oldest, self.last_commit, generation_s)
+
+    def _commit_sync(self, step: _Step) -> Committed:
+        """Sync: the version its wave went out with; the iteration runs from its wave's start."""
+        generation_s = step.last_arrival - step.first_wave_started
+        return Committed(step.iteration, step.floor, step.first_wave_started, generation_s)
+
 
 def _ids(groups: list[_Group]) -> tuple[str, ...]:
     return tuple(r for g in groups for r in g.members)
-
-
-# -- the two modes' variants ------------------------------------------------------------------------
-
-
-def _take_groups(core: PipelineCore) -> list[_Group]:
-    """Async: the oldest `batch_groups` groups of the buffer, once it holds that many, unless a group
-    still in flight would be past the bound by the next step. Empty: no batch yet."""
-    n = core.params.batch_groups
-    if len(core.buffer) < n or core._waits_for_old_groups():
-        return []
-    batch, core.buffer = core.buffer[:n], core.buffer[n:]
-    return batch
-
-
-def _take_wave(core: PipelineCore) -> list[_Group]:
-    """Sync: the oldest wave's every group (those dropped as stale aside), in the order they went out,
-    once the wave's last sample is in and judged. Empty: no batch yet."""
-    if not core.buffer or core.buffer[0].wave in core.waves:
-        return []
-    wave = core.buffer[0].wave
-    batch = sorted((g for g in core.buffer if g.wave == wave), key=lambda g: g.seq)
-    core.buffer = [g for g in core.buffer if g.wave != wave]
-    return batch
-
-
-def _commit_async(core: PipelineCore, step: _Step) -> Committed:
-    """Async: the step's samples' oldest version; the iteration runs from the commit before it, so
-    iteration spans tile the timeline and t_iter is the time between commits."""
-    return Committed(
-        step.iteration, step.oldest, core.last_commit, step.last_arrival - step.first_wave_started
-    )
-
-
-def _commit_sync(core: PipelineCore, step: _Step) -> Committed:
-    """Sync: the version its wave went out with; the iteration runs from its wave's start."""
-    return Committed(
-        step.iteration, step.floor, step.first_wave_started, step.last_arrival - step.first_wave_started
-    )
-
-
-_TAKE: dict[PipelineMode, Callable[[PipelineCore], list[_Group]]] = {
-    PipelineMode.ASYNC: _take_groups,
-    PipelineMode.SYNC: _take_wave,
-}
-_COMMIT: dict[PipelineMode, Callable[[PipelineCore, _Step], Committed]] = {
-    PipelineMode.ASYNC: _commit_async,
-    PipelineMode.SYNC: _commit_sync,
-}
 
 
 PipelineTrace = Trace[PipelineCore, Event, Effect]
