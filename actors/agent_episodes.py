@@ -12,33 +12,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
+from actors.arrivals import Arrival, Batch
 from actors.fleet import Fleet
 from actors.interrupt import ctrl_c
-from actors.pool import step
-from actors.records import IterationRecord, generate_attrs, record_of
+from actors.records import generate_attrs
+from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, SamplingParams, WeightVersion
-from rlsched.metrics.spans import Span, SpanKind
 from rlsched.rl import episode_runs as er
 from rlsched.rl.agent import AgentSpec
 from rlsched.rl.episode_runs import EpisodeRun
 from rlsched.rl.evaluate import EvalResult, score
+from rlsched.rl.feed import ProblemFeed
 from rlsched.rl.task import TaskProblem
 from rlsched.store.round_journal import RoundJournal
+from verifiers.loading import VerifierSet
 from verifiers.protocol import Outcome, Verdict
 from verifiers.sandbox import sweep_orphans
-
-if TYPE_CHECKING:
-    from actors.controller import JobController
 
 
 @dataclass
@@ -112,92 +110,76 @@ class FleetEpisodes:
         return runs
 
 
-class AgentIterations:
-    """A multi-turn job's iteration and evaluation, over the controller's fleet, verifiers, iteration
-    core and training group (the controller's `run_iteration` and `evaluate` hand over to these):
+class Episodes:
+    """A multi-turn job's producer of arrivals (`actors.arrivals.Producer`) for the iteration's driver:
 
-    1. the batch's groups run on the fleet (`FleetEpisodes`);
-    2. each ended episode is one of the core's samples: its final answer goes to the verifier pool
-       when the core says, as a single turn's would; an episode whose environment failed past its
-       retries is an execution fault, judged without a verifier and never trained;
-    3. the update trains whole episodes (`rlsched.rl.agent.train_items`), observations masked;
-    4-6. publish and reload as for any job; the journal lets go of the iterations committed before.
+    1. a wave's groups run on the fleet (`FleetEpisodes`), `group_size` episodes of each problem;
+    2. each ended episode arrives as the sample its verifier judges (its final answer), carrying the
+       oldest version of its turns; one whose environment failed past its retries arrives judged, an
+       execution fault, never trained;
+    3. the update trains whole episodes (`rlsched.rl.episode_runs.train_batch`), observations masked;
+       the journal lets go of the rounds of iterations committed before the wave.
     """
 
-    def __init__(self, ctl: JobController, spec: AgentSpec, fresh: bool) -> None:
-        self.ctl = ctl
-        self.episodes = FleetEpisodes(ctl.fleet, spec, ctl.log)
+    def __init__(
+        self, cfg: JobConfig, feed: ProblemFeed, fleet: Fleet, spec: AgentSpec, log: Callable[[str], None],
+        fresh: bool,
+    ) -> None:  # fmt: skip
+        self.cfg, self.feed, self.fleet, self.log = cfg, feed, fleet, log
+        self.episodes = FleetEpisodes(fleet, spec, log)
         self.journal = RoundJournal(Path(spec.journal)) if spec.journal is not None else None
         if self.journal is not None and fresh:
             self.journal.reset()  # nothing of an earlier run in this directory carries over
+        self.runs: dict[str, EpisodeRun] = {}
         self.last_stats: dict[str, Any] = {}
 
-    def run_iteration(self, iteration: int) -> IterationRecord:
-        ctl, start = self.ctl, self.ctl.clock()
+    def begin(self, wave: int, prefix: str) -> tuple[str, ...]:
         if self.journal is not None:
-            self.journal.forget_before(iteration)  # their records are committed
-        drawn = [ctl._next_problem() for _ in range(ctl.cfg.grpo.prompts_per_step)]
-        problems, prefix, k = [p for _, p in drawn], str(iteration), ctl.cfg.grpo.group_size
-        ids = tuple(f"{prefix}-{i}-{m}" for i in range(len(problems)) for m in range(k))
-        ctl._feed(it.Started(start, iteration, ids))
+            self.journal.forget_before(wave)  # their records are committed
+        problems = [self.feed.next()[1] for _ in range(self.cfg.grpo.prompts_per_step)]
+        k = self.cfg.grpo.group_size
         self.episodes.begin(prefix, problems, k)
-        runs, outcomes = self._episodes_and_verify(iteration, start)
-        for run in runs.values():
+        return tuple(f"{prefix}-{i}-{m}" for i in range(len(problems)) for m in range(k))
+
+    def waitables(self) -> list[Any]:
+        return self.episodes.waitables()
+
+    def on_ready(self, ref: Any) -> list[Arrival]:
+        if not self.episodes.owns(ref):
+            self.fleet.on_ready(ref)  # a replacement instance's join
+            self.episodes.pump()
+            return []
+        out = []
+        for run in self.episodes.on_ready(ref):
+            self.runs[run.episode.id] = run
+            sample = episode_sample(run)
+            attrs = generate_attrs("episodes", sample) | {"turns": run.turns, "tool_calls": run.tool_calls}
+            fault = er.fault_outcome(run) if run.fault is not None else None
+            version = min(run.episode.versions, default=None)  # none: a fault before its first turn
+            out.append(Arrival("episodes", sample, run.problem, version, attrs, fault))
+        return out
+
+    def idle(self) -> None:
+        self.episodes.pump()
+
+    def batch(
+        self, update: it.Update, samples: dict[RequestId, Sample], outcomes: dict[RequestId, Outcome]
+    ) -> Batch:
+        runs = [self.runs.pop(r) for r in update.request_ids if r in self.runs]
+        for run in runs:
             outcome = outcomes.get(RequestId(run.episode.id))
             run.episode.reward = outcome.reward if isinstance(outcome, Verdict) else None
-        ctl.phases.take(it.Update)
-        batch = er.train_batch(list(runs.values()), ctl.cfg.agent.train_truncated)
-        items, trained = batch.items, set(batch.episode_ids)
-        ctl.consumed = [(r, "used" if r in trained else "left_out") for r in ids]
-        stats, version = ctl.train_and_publish(iteration, start, items)  # 4-6
-        summary = er.stats(list(runs.values()))
+        batch = er.train_batch(runs, self.cfg.agent.train_truncated)
+        summary = er.stats(runs)
         self.last_stats = asdict(summary) | {"handed_again": self.episodes.handed_again}
         counts = {"faults": summary.faults, "stale_dropped": 0}
-        samples = {RequestId(r.episode.id): episode_sample(r) for r in runs.values()}
-        extra = ctl.record_extra(stats) | {"episodes": self.last_stats}
-        return record_of(iteration, version, samples, outcomes, len(items), counts, stats.loss, extra)
+        batch_samples = {RequestId(r.episode.id): samples[RequestId(r.episode.id)] for r in runs}
+        return Batch(
+            batch.items, set(batch.episode_ids), counts, batch_samples, {"episodes": self.last_stats}
+        )
 
-    def _episodes_and_verify(
-        self, iteration: int, start: float
-    ) -> tuple[dict[str, EpisodeRun], dict[RequestId, Outcome]]:
-        """Until the core has every episode in and judged (the controller's generate-and-verify loop,
-        with shares of episodes where it waits on generation streams)."""
-        ctl, fleet, verification = self.ctl, self.ctl.fleet, self.ctl.verification
-        runs: dict[str, EpisodeRun] = {}
-        outcomes: dict[RequestId, Outcome] = {}
-
-        def on_ready(ref: Any) -> None:
-            if not self.episodes.owns(ref):
-                fleet.on_ready(ref)  # a replacement instance's join
-                self.episodes.pump()
-                return
-            for run in self.episodes.on_ready(ref):
-                runs[run.episode.id] = run
-                self._arrived(iteration, run, start)
-
-        while ctl._judged(outcomes):
-            ctrl_c.check()
-            ctl.orders.poll()
-            fleet.tick()
-            verification.dispatch(ctl.core.batch_state())
-            others = [*self.episodes.waitables(), *fleet.waitables()]
-            if not others and verification.idle:
-                time.sleep(0.05)
-                self.episodes.pump()
-                continue
-            step(verification.pools, others, on_ready, timeout_s=0.5)
-        return runs, outcomes
-
-    def _arrived(self, iteration: int, run: EpisodeRun, start: float) -> None:
-        ctl, rid, now = self.ctl, RequestId(run.episode.id), self.ctl.clock()
-        sample = episode_sample(run)
-        attrs = generate_attrs("episodes", sample) | {"turns": run.turns, "tool_calls": run.tool_calls}
-        ctl.spans.append(Span(SpanKind.GENERATE, rid, start, now, iteration, attrs))
-        if run.fault is not None:  # judged now, by no verifier: a fault, never a zero reward
-            ctl.faulted[rid] = er.fault_outcome(run)
-        else:
-            ctl.verification.arrived(sample, run.problem, iteration, ctl.core.batch_id)
-        ctl._feed(it.SampleArrived(now, rid, min(run.episode.versions, default=ctl.version)))
+    def forget(self, rid: str) -> None:
+        self.runs.pop(rid, None)
 
     def close(self) -> None:
         """The job is over: its journal closed, and what killed instances left on this machine swept
@@ -205,20 +187,21 @@ class AgentIterations:
         if self.journal is not None:
             self.journal.close()
         if swept := sweep_orphans():
-            self.ctl.log(f"removed {len(swept)} sandbox director(ies) that killed processes left")
+            self.log(f"removed {len(swept)} sandbox director(ies) that killed processes left")
 
-    def evaluate(self, problems: Sequence[TaskProblem]) -> EvalResult:
+    def evaluate(
+        self, problems: Sequence[TaskProblem], sampling: SamplingParams, verifiers: VerifierSet
+    ) -> EvalResult:
         """Greedy episodes on the held-out problems, spread over the fleet, their final answers scored
         (an episode whose environment failed counts as not passed)."""
-        ctl = self.ctl
-        greedy = dataclasses.replace(ctl.sampling, temperature=0.0)
+        greedy = dataclasses.replace(sampling, temperature=0.0)
         self.episodes.begin("eval", list(problems), 1, greedy)
         runs: list[EpisodeRun] = []
         while not self.episodes.done:
             ctrl_c.check()
-            others = [*self.episodes.waitables(), *ctl.fleet.waitables()]
+            others = [*self.episodes.waitables(), *self.fleet.waitables()]
             if not others:
-                ctl.fleet.wait_serving()
+                self.fleet.wait_serving()
                 self.episodes.pump()
                 continue
             ready, _ = ray.wait(others, num_returns=1, timeout=1.0)
@@ -226,13 +209,13 @@ class AgentIterations:
                 if self.episodes.owns(ref):
                     runs += self.episodes.on_ready(ref)
                 else:
-                    ctl.fleet.on_ready(ref)
+                    self.fleet.on_ready(ref)
                     self.episodes.pump()
         samples = [
             dataclasses.replace(episode_sample(r), request_id=RequestId(r.episode.id.split("-")[1]))
             for r in runs
         ]
-        return score(problems, samples, ctl.verifiers)
+        return score(problems, samples, verifiers)
 
 
 def episode_sample(run: EpisodeRun) -> Sample:

@@ -30,12 +30,12 @@ from typing import Any
 
 from actors.controller import JobController, Start
 from rlsched.config import JobConfig
+from rlsched.config_params import run_rules
 from rlsched.errors import TrainingFault, UserError
 from rlsched.model.checkpoint import architecture_fingerprint
 from rlsched.policy.durability import (
     ResumePoint,
     Upload,
-    checkpoint_due,
     durable_checkpoint,
     prunable,
     resume_point,
@@ -234,7 +234,7 @@ class JobLog:
 
     def after_commit(self, iteration: int, controller: JobController, train_s: float) -> None:
         """A checkpoint when one is due on the schedule (the job's end and stops take their own)."""
-        if checkpoint_due(iteration, self.cfg.checkpoint.every, last_iteration=False):
+        if run_rules(self.cfg).checkpoint_due(iteration):
             self.checkpoint(iteration, controller, train_s)
 
     def gauges(self) -> dict[str, float]:

@@ -32,7 +32,7 @@ from actors.interrupt import Terminated, ctrl_c
 from actors.records import IterationRecord, commit_record
 from actors.scale import open_inbox, record_job
 from rlsched.config import EngineKind, JobConfig
-from rlsched.config_params import embedded_resources, job_spec, shortfall
+from rlsched.config_params import embedded_resources, job_spec, run_rules, shortfall
 from rlsched.core.fleet import FleetTrace
 from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError
@@ -289,6 +289,8 @@ def run_job(
         )
         if cfg.run.record_fleet:
             trace = controller.fleet.record()
+        if cfg.run.record_iterations:
+            controller.record()
         log(
             f"Ray job ready in {time.monotonic() - t0:.1f} s: {cfg.trainer.ranks} trainer ranks "
             f"({cfg.trainer.strategy.value}, {cfg.trainer.placement_strategy.value}), "
@@ -312,6 +314,8 @@ def run_job(
             controller.shutdown()
         if trace is not None:
             save_trace(trace, out_dir / "fleet_trace.pkl")
+        if controller is not None and controller.run.trace is not None:  # the last run's, after a recovery
+            save_trace(controller.run.trace, out_dir / "iteration_trace.pkl")
         if client is not None and failure:
             client.failed(failure)
         elif client is not None:
@@ -365,6 +369,7 @@ def _iterate_logged(
     spent = plan.train_s if plan is not None else 0.0  # the time budget is the whole run's
     t_train = time.monotonic()
     committed = first - 1
+    rules = run_rules(cfg)
 
     def train_s() -> float:
         return spent + time.monotonic() - t_train
@@ -373,7 +378,7 @@ def _iterate_logged(
     try:
         while it <= cfg.grpo.steps:
             ctrl_c.check()
-            if train_s() > cfg.grpo.time_budget_s and not controller.stop_training(it):
+            if rules.out_of_time(train_s()) and not controller.stop_training(it):
                 log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
                 break
             try:
@@ -419,7 +424,7 @@ def _iterate_logged(
 def _one_iteration(cfg: JobConfig, controller: JobController, it: int) -> tuple[dict[str, Any], str]:
     """Run iteration `it` (with its held-out evaluation when due); its metrics row and summary line."""
     rec = controller.run_iteration(it)
-    if it % cfg.eval.every_steps == 0:
+    if run_rules(cfg).eval_due(it):
         rec.eval_pass_rate = controller.evaluate(
             controller.task.eval_problems[: cfg.eval.curve_size]
         ).pass_rate

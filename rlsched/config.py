@@ -669,6 +669,11 @@ class RunConfig(Section):
         description="keep every event the rollout fleet's core is fed and the effects it returned, in "
         "fleet_trace.pkl in the out dir: the record rlsched.sim.replay replays in virtual time",
     )
+    record_iterations: bool = Field(
+        False,
+        description="keep every event the iteration's core is fed and the effects it returned, in "
+        "iteration_trace.pkl in the out dir: the record the simulator's and --local's cores replay",
+    )
 
 
 class JobConfig(Section):

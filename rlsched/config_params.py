@@ -25,6 +25,7 @@ from rlsched.config import JobConfig, RolloutConfig, TrainerConfig, VerifierConf
 from rlsched.core.cluster_io import JobSpec
 from rlsched.core.pipeline import PipelineParams
 from rlsched.policy.placement import Gang, Strategy, add
+from rlsched.policy.run_rules import RunRules
 
 Bundle = dict[str, float]
 
@@ -66,6 +67,11 @@ def pipeline_params(cfg: JobConfig) -> PipelineParams:
         cost_rate=training_devices(cfg.trainer),
         mode=cfg.schedule.mode,
     )
+
+
+def run_rules(cfg: JobConfig) -> RunRules:
+    """The job's run rules: its step limit, time budget, evaluation and checkpoint cadences."""
+    return RunRules(cfg.grpo.steps, cfg.grpo.time_budget_s, cfg.eval.every_steps, cfg.checkpoint.every)
 
 
 def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:

@@ -1,5 +1,5 @@
 """Asynchronous RL in the simulator: `sync` against `async` with max_staleness k = 1, 2, 4, through the
-pipeline core the runtime drives (`rlsched.core.pipeline`, `rlsched.sim.pipelined`).
+pipeline core the runtime drives (`rlsched.core.pipeline`, `rlsched.sim.rljob`).
 
     .venv/bin/python scripts/bench_async.py [--seeds 3] [--iterations 40] [--seed 0]
 

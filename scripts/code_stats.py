@@ -41,10 +41,11 @@ RULES = {
     "transient windows": r"[+>=] [\w. ]*available_s|after\([\w. ]*available_s",
     "a job's demand": r"(\{ :|\*) [\w. ]*cpus_per_(?:instance|worker|rank)",
     "grace periods": r"\+ [\w. ]*grace_s",
-    # issue 42's rules, each to be decided in one module (the iteration's core)
+    # issue 42's rules, each decided in one module (rlsched/policy/run_rules.py)
     "time budget": r"> [\w. ]*time_budget_s",  # training seconds > grpo.time_budget_s
-    "eval cadence": r"% [\w. ]*every_steps == 0",  # iteration % eval.every_steps == 0
-    "checkpoint cadence and hold": r"(?<!def )\bcheckpoint_due\(",  # one due: written, and a step held for it
+    "eval cadence": r"% [\w. ]*(?:every_steps|eval_every) == 0",  # iteration % eval.every_steps == 0
+    "checkpoint cadence": r"% (?:[\w.]*checkpoint[\w.]*|every) == 0",  # iteration % checkpoint.every == 0
+    "checkpoint hold": r"\basked <= before|\btarget <= before",  # an update waits for the checkpoint
 }
 
 

@@ -58,8 +58,10 @@ RAY_MODULE = re.compile(r"^pytestmark = .*\bpytest\.mark\.ray\b", re.MULTILINE)
 
 @functools.cache
 def is_ray_module(path: str) -> bool:
-    """Whether the test module at `path` (relative to the checkout) is marked `ray` as a whole."""
-    return RAY_MODULE.search((ROOT / path).read_text()) is not None
+    """Whether the test module at `path` (relative to the checkout) is marked `ray` as a whole (one
+    the profile names that is gone since is not)."""
+    module = ROOT / path
+    return module.is_file() and RAY_MODULE.search(module.read_text()) is not None
 
 
 BUILDS_SHARED = re.compile(r"\btool_model: Path\b")  # a test or fixture that asks for the shared model

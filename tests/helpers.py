@@ -89,3 +89,23 @@ def leave_stream_early(
     while (backend.running or backend.waiting) and time.monotonic() < deadline:
         time.sleep(0.05)
     return backend.running, backend.waiting
+
+
+def replays_in_every_driver(cfg: Any, trace: Any) -> list[str]:
+    """A recorded Ray run's iteration events fed to the core each other driver builds from the same
+    job config (the simulator's, from `sim_job_of(cfg)`; `--local`'s), each started in the recorded
+    core's state (version, time, steps committed), and to a copy of the recorded core: where any of
+    them departs from the record (empty: every driver's core made the same decisions)."""
+    from rlsched.rl.loop import iteration_core as local_core
+    from rlsched.sim.replay import compare, replay
+    from rlsched.sim.rljob import iteration_core as sim_core
+    from rlsched.sim.scenario import sim_job_of
+
+    first = trace.initial
+    state = {"version": first.version, "at": first.last_commit, "steps": first.steps}
+    cores = {"sim": sim_core(sim_job_of(cfg), **state), "local": local_core(cfg, **state)}
+    problems = []
+    for name, core in cores.items():
+        core.start()  # its first word, as the recorded core had said it before recording began
+        problems += [f"{name}: {line}" for line in compare(trace, replay(trace, core))]
+    return problems + [f"copy: {line}" for line in compare(trace, replay(trace))]

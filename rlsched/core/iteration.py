@@ -1,48 +1,19 @@
-"""One RL job's iteration as a state core: which samples it waits for, when they go to verification,
-when the batch is complete, and the phases after it, in order.
+"""The iteration's events and effects: the words between the iteration core
+(`rlsched.core.pipeline.PipelineCore`, sync or async) and its drivers (the Ray one in
+`actors.iterations`, the simulator's `rlsched.sim.rljob.SimJob`, the in-process `rlsched.rl.loop`).
 
-The Ray controller (`actors.controller`), the simulator (`rlsched.sim.rljob`) and the in-process
-loop (`rlsched.rl.loop`) drive this class. It knows samples by their request ids, never their
-tokens; the driver assembles and trains when told, with the data it holds:
-
-- `Started` sends an iteration's requests out (GENERATING). Each `SampleArrived` is handed to the
-  verifier pool at once (`Verify`), or, for the sequential baseline (`overlap` off), all together
-  when the last one has arrived. Samples finished outside the job's own requests (an endpoint's
-  episodes) join the batch with `Offered` and are judged like the rest.
-- Once every sample is in (JUDGING) and judged (`Judged`), the batch is complete: `Update` names its
-  samples and the oldest version an update may use (`rlsched.policy.versions`: groups with an older
-  sample are dropped). Then `Publish` the next version, `Reload` it on every instance, and
-  `Committed`: the record may be written and the next iteration started.
-- `batch_state()` is what the verifier pool's dispatch policy reads of the batch: its training
-  group's idle cost, the samples still to come, and when generation should end, from how long the
-  last iteration generated.
-
-Lifecycle: `IterationPhase` (`rlsched.policy.lifecycle`), each move checked.
+The core knows samples by their request ids, never their tokens; a driver feeds it what happened
+(`Started`, `SampleArrived`, `Offered`, `Judged`, `Updated`, `VersionPublished`, `Reloaded`) and
+carries out what it decides (`Generate`, `Verify`, `Update`, `Dropped`, `Publish`, `Reload`,
+`Committed`), assembling and training with the data it holds when told. `Phases` is a driver's
+check that it runs the phases in the order the core asked for them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from rlsched.core.trace import Trace
-from rlsched.policy.lifecycle import ITERATION_TRANSITIONS, IterationPhase, iteration_transition
-from rlsched.policy.verify import BatchId, BatchState
-from rlsched.policy.versions import oldest_admissible
-
-_P = IterationPhase
-
-
-@dataclass(frozen=True)
-class IterationParams:
-    overlap: bool = True  # verify each sample as it arrives (off: all of them once generation ends)
-    cost_rate: float = 1.0  # devices of the training group left idle while the batch is incomplete
-    max_staleness: int = 0  # versions a sample may lag the one being trained
-    batch_prefix: str = "iter-"  # the batch of iteration i is `{batch_prefix}{i}`
-    kind: str = "default"  # the verifier kind its batch states carry
-
+from typing import TypeVar
 
 # -- events -------------------------------------------------------------------------------------
 # Values, never changed once made (not frozen: the simulator builds one per sample).
@@ -159,154 +130,6 @@ class Committed:
 
 Effect = Verify | Generate | Update | Dropped | Publish | Reload | Committed
 
-
-class IterationCore:
-    def __init__(self, params: IterationParams, version: int = 0) -> None:
-        self.params = params
-        self.version = version  # the newest published: what the instances hold
-        self.generated_with = version  # what this iteration's own requests are generated with
-        self.iteration = 0
-        self.phase = _P.COMMITTED
-        self.started = 0.0
-        self.requests: list[str] = []
-        self.wanted: set[str] = set()
-        self.arrived: dict[str, int] = {}  # request -> the version it was generated with
-        self.judged: set[str] = set()
-        self.held: list[str] = []  # the sequential baseline's samples, until the last one is in
-        self.generation_s: float | None = None  # this iteration's, once every sample is in
-        self.last_generation_s: float | None = None  # the last iteration's that generated to the end
-        self.unexpected = 0  # arrivals or verdicts for samples this iteration does not wait for
-        self._out: list[Effect] = []
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            SampleArrived: self._arrived,
-            Judged: self._judged,
-            Started: self._started,
-            Offered: self._offered,
-            Updated: self._updated,
-            VersionPublished: self._published,
-            Reloaded: self._reloaded,
-        }
-
-    def handle(self, event: Event) -> list[Effect]:
-        """Take in one event; the effects, in the order they are to be carried out."""
-        self._handlers[type(event)](event)
-        return self._take()
-
-    @property
-    def batch_id(self) -> BatchId:
-        """This iteration's batch, as its verifications name it."""
-        return BatchId(f"{self.params.batch_prefix}{self.iteration}")
-
-    def batch_state(self) -> BatchState:
-        """What the training group of this iteration's batch waits for, as the dispatch policy reads it."""
-        last = self.last_generation_s
-        return BatchState(
-            self.batch_id,
-            cost_rate=self.params.cost_rate,
-            outstanding=len(self.requests) - len(self.arrived) if self.phase is _P.GENERATING else 0,
-            generation_end=None if last is None else self.started + last,
-            kind=self.params.kind,
-        )
-
-    @property
-    def waiting(self) -> bool:
-        """Samples are still to arrive or to be judged."""
-        return self.phase in (_P.GENERATING, _P.JUDGING)
-
-    def _to(self, phase: IterationPhase) -> None:
-        if phase not in ITERATION_TRANSITIONS[self.phase]:
-            iteration_transition(self.phase, phase)  # raises, naming the edges allowed
-        self.phase = phase
-
-    # -- handlers ---------------------------------------------------------------------------------
-
-    def _started(self, e: Started) -> None:
-        if not e.requests:
-            raise ValueError(f"iteration {e.iteration} asks for no samples")
-        self._to(_P.GENERATING)
-        self.iteration, self.started, self.generated_with = e.iteration, e.at, self.version
-        self.requests = list(e.requests)
-        self.wanted = set(self.requests)
-        self.arrived, self.judged, self.held = {}, set(), []
-        self.generation_s = None
-
-    def _offered(self, e: Offered) -> None:
-        if self.phase is not _P.GENERATING:
-            self.unexpected += len(e.samples)
-            return
-        for rid, version in e.samples:
-            if rid not in self.wanted:
-                self.requests.append(rid)
-                self.wanted.add(rid)
-            self._on_arrival(e.at, rid, version)
-
-    def sample_arrived(self, at: float, rid: str, version: int) -> list[Effect]:
-        """`handle(SampleArrived(...))` without the event around it (the simulator's per-sample call)."""
-        self._on_arrival(at, rid, version)
-        return self._take()
-
-    def judged_now(self, at: float, rid: str) -> list[Effect]:
-        """`handle(Judged(...))` without the event around it (the simulator's per-sample call)."""
-        self._on_verdict(rid)
-        return self._take()
-
-    def _arrived(self, e: SampleArrived) -> None:
-        self._on_arrival(e.at, e.request_id, e.version)
-
-    def _judged(self, e: Judged) -> None:
-        self._on_verdict(e.request_id)
-
-    def _on_arrival(self, at: float, rid: str, version: int) -> None:
-        if self.phase is not _P.GENERATING or rid in self.arrived or rid not in self.wanted:
-            self.unexpected += 1
-            return
-        self.arrived[rid] = version
-        if self.params.overlap:
-            self._out.append(Verify((rid,)))
-        else:
-            self.held.append(rid)
-        if len(self.arrived) == len(self.requests):
-            self.generation_s = self.last_generation_s = at - self.started
-            self._to(_P.JUDGING)
-            if self.held:
-                held, self.held = self.held, []
-                self._out.append(Verify(tuple(held)))
-            self._maybe_complete()
-
-    def _on_verdict(self, rid: str) -> None:
-        if rid not in self.arrived or rid in self.judged:
-            self.unexpected += 1
-            return
-        self.judged.add(rid)
-        if self.phase is _P.JUDGING:
-            self._maybe_complete()
-
-    def _take(self) -> list[Effect]:
-        out, self._out = self._out, []
-        return out
-
-    def _maybe_complete(self) -> None:
-        if self.phase is _P.JUDGING and len(self.judged) == len(self.requests):
-            self._to(_P.UPDATING)
-            oldest = oldest_admissible(self.version, self.params.max_staleness)
-            self._out.append(Update(self.iteration, tuple(self.requests), oldest))
-
-    def _updated(self, e: Updated) -> None:
-        self._to(_P.PUBLISHING)
-        self._out.append(Publish(self.version + 1))
-
-    def _published(self, e: VersionPublished) -> None:
-        self._to(_P.RELOADING)
-        self.version = e.version
-        self._out.append(Reload(e.version))
-
-    def _reloaded(self, e: Reloaded) -> None:
-        self._to(_P.COMMITTED)
-        generation_s = self.generation_s if self.generation_s is not None else e.at - self.started
-        self._out.append(Committed(self.iteration, self.generated_with, self.started, generation_s))
-
-
-IterationTrace = Trace[IterationCore, Event, Effect]
 
 _Phase = TypeVar("_Phase", Generate, Update, Publish, Reload, Committed)
 

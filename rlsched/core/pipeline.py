@@ -1,13 +1,14 @@
-"""The iteration as a state core, pipelined: generation runs ahead of training by up to
-`max_staleness` versions (`mode: async`), judged groups wait in a buffer, and the trainer takes a
-batch whenever it is free. `mode: sync` is the same pipeline run zero versions ahead: a wave goes out
-once the step before it is committed, and the step takes the whole wave (`PipelineParams.mode`, the
-variants below), so that one core serves both modes.
+"""The iteration as a state core, the one every driver runs (the Ray job's `actors.iterations`, the
+simulator's `rlsched.sim.rljob`, `--local`'s `rlsched.rl.loop`), pipelined: generation runs ahead
+of training by up to `max_staleness` versions (`mode: async`), judged groups wait in a buffer, and
+the trainer takes a batch whenever it is free. `mode: sync` is the same pipeline run zero versions
+ahead: a wave goes out once the step before it is committed, and the step takes the whole wave
+(`PipelineParams.mode`, the variants below), so that one core serves both modes.
 
-It speaks the sequential core's events and effects (`rlsched.core.iteration`), so a driver feeds it
-the same `Started`, `SampleArrived`, `Judged`, `Updated`, `VersionPublished` and `Reloaded`, and
-carries out `Verify`, `Update`, `Publish`, `Reload` and `Committed`; it adds `Generate`, the word
-that the next iteration's requests may go out. Two lanes run side by side:
+Its events and effects are `rlsched.core.iteration`'s: a driver feeds it `Started`, `SampleArrived`,
+`Offered`, `Judged`, `Updated`, `VersionPublished` and `Reloaded`, and carries out `Generate` (the
+word that the next iteration's requests may go out), `Verify`, `Update`, `Dropped`, `Publish`,
+`Reload` and `Committed`. Two lanes run side by side:
 
 - Generation. Iteration `w`'s requests (its wave) may go out once the instances hold version
   `w - 1 - max_staleness` or newer, so that trained in step `w` its samples are at most
@@ -29,9 +30,9 @@ its step's. `Committed.started` is the previous commit, so iteration spans tile 
 steady-state t_iter is the time between commits. The buffer counts groups, never requests in flight;
 generation pauses while it is full (it may then pass its size by the groups already in flight).
 
-Sync mode (`PipelineMode.SYNC`) differs in three named variants, and makes the decisions of the
-sequential core (`rlsched.core.iteration.IterationCore`) effect for effect, `Generate` aside
-(`tests/unit/test_core_pipeline_sync.py`):
+Sync mode (`PipelineMode.SYNC`) differs in three named variants, and makes the decisions the
+sequential core made before it was merged here (issue 42), effect for effect, `Generate` aside
+(`tests/unit/test_core_pipeline_sync.py`; the simulator's spans were identical across the change):
 
 - generation runs no version ahead: wave `w` goes out once step `w - 1` is committed, whatever
   `max_staleness` (which still bounds the versions an update keeps: an instance may lag);
@@ -177,8 +178,8 @@ class PipelineCore:
         self._running: deque[_Step] = deque()  # steps asked for and not yet committed, in order
         self._out: list[Effect] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
-            SampleArrived: lambda e: self._on_arrival(e.at, e.request_id, e.version),
-            Judged: lambda e: self._on_verdict(e.at, e.request_id),
+            SampleArrived: self._arrived,  # bound methods, never lambdas: a deep copy rebinds them
+            Judged: self._judged,
             Started: self._started,
             Offered: self._offered,
             Updated: self._updated,
@@ -224,6 +225,12 @@ class PipelineCore:
         self._on_verdict(at, rid)
         return self._take()
 
+    def _arrived(self, e: SampleArrived) -> None:
+        self._on_arrival(e.at, e.request_id, e.version)
+
+    def _judged(self, e: Judged) -> None:
+        self._on_verdict(e.at, e.request_id)
+
     # -- what drivers read -----------------------------------------------------------------------
 
     @property
@@ -251,6 +258,15 @@ class PipelineCore:
             )
             for w in self.waves.values()
         )
+
+    @property
+    def takes_offers(self) -> bool:
+        """Samples finished outside the job's requests may join the newest wave now (`Offered`): while
+        it is waited for, and in sync mode only until its last own sample is in."""
+        wave = self.waves.get(self.iteration)
+        if wave is None:
+            return False
+        return self.params.mode is not PipelineMode.SYNC or wave.arrived < wave.requests
 
     @property
     def waiting(self) -> bool:
@@ -300,10 +316,7 @@ class PipelineCore:
         """Samples finished outside the job's requests: each its own group in the newest wave (in sync
         mode only while that wave generates: its step takes the wave once every sample is in)."""
         wave = self.waves.get(self.iteration)
-        sync_past = (
-            self.params.mode is PipelineMode.SYNC and wave is not None and wave.arrived == wave.requests
-        )
-        if wave is None or sync_past:
+        if wave is None or not self.takes_offers:
             self.unexpected += len(e.samples)
             return
         for rid, version in e.samples:

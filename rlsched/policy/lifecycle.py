@@ -208,26 +208,6 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
-class IterationPhase(StrEnum):
-    GENERATING = "generating"
-    JUDGING = "judging"
-    UPDATING = "updating"
-    PUBLISHING = "publishing"
-    RELOADING = "reloading"
-    COMMITTED = "committed"
-
-
-_I = IterationPhase
-ITERATION_TRANSITIONS: dict[IterationPhase, frozenset[IterationPhase]] = {
-    _I.GENERATING: frozenset({_I.JUDGING}),  # the last sample arrived (verification may still run)
-    _I.JUDGING: frozenset({_I.UPDATING}),  # the last sample was judged: the batch is complete
-    _I.UPDATING: frozenset({_I.PUBLISHING}),  # the training group stepped on the assembled batch
-    _I.PUBLISHING: frozenset({_I.RELOADING}),  # the weight service holds the new version
-    _I.RELOADING: frozenset({_I.COMMITTED}),  # every serving instance confirmed it
-    _I.COMMITTED: frozenset({_I.GENERATING}),  # the next iteration's requests go out
-}
-
-
 class TrainerPhase(StrEnum):
     """The training group's lane in a pipelined (`async`) iteration, beside the generating fleet."""
 
@@ -342,9 +322,7 @@ class IllegalTransition(ValueError):
     """A lifecycle edge that the table does not allow: a bug in the caller."""
 
 
-S = TypeVar(
-    "S", InstanceState, SlotState, VerifyState, JobState, VersionState, IterationPhase, TrainerPhase, EnvState
-)
+S = TypeVar("S", InstanceState, SlotState, VerifyState, JobState, VersionState, TrainerPhase, EnvState)
 
 
 def _checked(table: dict[S, frozenset[S]], what: str, current: S, target: S) -> S:
@@ -374,10 +352,6 @@ def job_transition(current: JobState, target: JobState) -> JobState:
 
 def version_transition(current: VersionState, target: VersionState) -> VersionState:
     return _checked(VERSION_TRANSITIONS, "weight version", current, target)
-
-
-def iteration_transition(current: IterationPhase, target: IterationPhase) -> IterationPhase:
-    return _checked(ITERATION_TRANSITIONS, "iteration", current, target)
 
 
 def trainer_transition(current: TrainerPhase, target: TrainerPhase) -> TrainerPhase:

@@ -27,7 +27,7 @@ import torch
 
 from rlsched.config import JobConfig
 from rlsched.config_agent import PREFIX_CACHE_BLOCKS
-from rlsched.config_params import pipeline_params
+from rlsched.config_params import pipeline_params, run_rules
 from rlsched.core import iteration as it
 from rlsched.core.pipeline import PipelineCore
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
@@ -137,7 +137,7 @@ class GRPOLoop:
         self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
         # the iteration's one core, in sync mode (`--local` refuses async: one phase at a time), built
         # from the config as the Ray controller builds it
-        self.core = PipelineCore(pipeline_params(cfg))
+        self.core = iteration_core(cfg)
         self.phases = it.Phases()  # what the core asked for, run in `step`'s order
         for effect in self.core.start():  # the word that iteration 1 may go out
             self.phases.ask(effect)
@@ -345,12 +345,13 @@ class GRPOLoop:
         self.log(f"held-out pass rate before: {before}")
         records: list[StepRecord] = []
         t_update = time.monotonic()
+        rules = run_rules(self.cfg)
         for step in range(self.cfg.grpo.steps):
-            if time.monotonic() - t_update > self.cfg.grpo.time_budget_s:
+            if rules.out_of_time(time.monotonic() - t_update):
                 self.log(f"time budget of {self.cfg.grpo.time_budget_s:.0f} s reached after {step} steps")
                 break
             rec = self.step(step)
-            if rec.step % self.cfg.eval.every_steps == 0:
+            if rules.eval_due(rec.step):
                 rec.eval_pass_rate = self.evaluate(self.cfg.eval.curve_size).pass_rate
             records.append(rec)
             if rec.eval_pass_rate is not None:
@@ -406,3 +407,9 @@ def write_outputs(loop: GRPOLoop, report: RunReport, out_dir: Path) -> tuple[Pat
     blob = to_bf16_bytes(loop.policy)
     ckpt = write_checkpoint(loop.ckpt.path, blob, out_dir / "checkpoint", loop.cfg.model.template)
     return path, ckpt
+
+
+def iteration_core(cfg: JobConfig, version: int = 0, at: float = 0.0, steps: int = 0) -> PipelineCore:
+    """`--local`'s iteration core for a job config, built as the Ray driver builds its own (from
+    version `version` at time `at`, `steps` steps committed)."""
+    return PipelineCore(pipeline_params(cfg), version=version, at=at, steps=steps)

@@ -378,21 +378,6 @@ class SimFleet:
 
     # -- generating ------------------------------------------------------------------------------------
 
-    def start_iteration(self, iteration: int, tokens: list[float], rates: list[float]) -> None:
-        c = self.cfg
-        self.tokens, self.rates = tokens, rates
-        if len(self.ids) != len(tokens):
-            self.ids = [str(n) for n in range(len(tokens))]
-        prompt, size = int(c.resume.prompt_tokens), c.group_size
-        requests = tuple(
-            [
-                fx.RequestSpec(rid, str(n // size), prompt, max(rates[n], _EPS))
-                for n, rid in enumerate(self.ids)
-            ]
-        )
-        self.versions = [0] * len(tokens)
-        self._feed(fx.Begun(self.sim.now, iteration, requests))
-
     def start_wave(self, iteration: int, tokens: list[float], rates: list[float]) -> int:
         """A pipelined job's next iteration: its samples queue behind those still running, numbered
         on from them. Returns the first one's number."""

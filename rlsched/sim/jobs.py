@@ -1,10 +1,6 @@
 """A scenario's jobs simulated together (`simulate`): one verifier pool (a CPU stage, and a GPU stage
-where a job verifies on GPUs) shared by every job, each job driven by the driver of its iteration core
-(`job_class`: the sequential one of `rlsched.sim.rljob`, or the pipeline of `rlsched.sim.pipelined`
-for `mode: async`), on one simulator clock.
-
-It sits above both job modules, which the pipelined one builds on, so that neither imports the other
-back.
+where a job verifies on GPUs) shared by every job, each job driven by the one driver of the iteration
+core (`rlsched.sim.rljob.SimJob`, sync or async), on one simulator clock.
 """
 
 from __future__ import annotations
@@ -12,18 +8,9 @@ from __future__ import annotations
 from operator import attrgetter
 
 from rlsched.policy.verify import DispatchPolicy
-from rlsched.policy.versions import PipelineMode
 from rlsched.sim.engine import Simulator
-from rlsched.sim.pipelined import PipelinedJob
 from rlsched.sim.rljob import PoolStage, SimJob, SimRun
-from rlsched.sim.scenario import ScenarioConfig, SimJobConfig
-
-
-def job_class(cfg: SimJobConfig) -> type[SimJob]:
-    """The driver of a job's iteration core: the sequential one, or the pipeline for `mode: async`."""
-    if cfg.mode is PipelineMode.ASYNC:
-        return PipelinedJob
-    return SimJob
+from rlsched.sim.scenario import ScenarioConfig
 
 
 def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None = None) -> SimRun:
@@ -38,7 +25,7 @@ def simulate(scenario: ScenarioConfig, seed: int, policy: DispatchPolicy | None 
     jobs = []
     for cfg in scenario.jobs:
         gpu = stages["gpu"] if cfg.verify_gpu_s is not None else None
-        job = job_class(cfg)(cfg, sim, run, stages["cpu"], gpu)
+        job = SimJob(cfg, sim, run, stages["cpu"], gpu)
         jobs.append(job)
         for stage in (stages["cpu"], gpu):
             if stage is not None:

@@ -43,9 +43,11 @@ class Replayed:
         return sum(len(effects) for _, effects in self.steps)
 
 
-def replay(trace: Recorded) -> Replayed:
-    """The effects a copy of the trace's initial core returns for each recorded event."""
-    core: _Core = copy.deepcopy(trace.initial)
+def replay(trace: Recorded, core: _Core | None = None) -> Replayed:
+    """The effects a copy of the trace's initial core returns for each recorded event; or, given
+    `core`, the effects that one returns (a core another driver built from the same config, in the
+    recorded core's starting state: the equivalence between the drivers)."""
+    core = core if core is not None else copy.deepcopy(trace.initial)
     sim = Simulator(0)
     steps: list[tuple[Any, list[Any]]] = []
     first = trace.steps[0][0].at if trace.steps else 0.0

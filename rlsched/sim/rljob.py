@@ -39,8 +39,8 @@ import numpy as np
 
 from rlsched.core.iteration import (
     Committed,
-    IterationCore,
-    IterationParams,
+    Dropped,
+    Generate,
     Publish,
     Reload,
     Reloaded,
@@ -52,6 +52,7 @@ from rlsched.core.iteration import (
 )
 from rlsched.core.iteration import Effect as IterationEffect
 from rlsched.core.iteration import Event as IterationEvent
+from rlsched.core.pipeline import PipelineCore, PipelineParams
 from rlsched.core.verify_pool import VerifyPoolCore
 from rlsched.core.verify_pool_io import (
     Effect,
@@ -75,7 +76,6 @@ from rlsched.core.verify_pool_io import (
 )
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.policy.verify import (
-    BatchId,
     BatchState,
     DispatchPolicy,
     PendingVerification,
@@ -84,6 +84,7 @@ from rlsched.policy.verify import (
     WorkerId,
     generation_order,
 )
+from rlsched.policy.versions import PipelineMode
 from rlsched.sim.dists import draw
 from rlsched.sim.engine import Alarm, Simulator
 from rlsched.sim.fleet import SimFleet
@@ -247,7 +248,19 @@ class PoolStage:
 
 
 class SimJob:
-    """One job's state between events; every method is an event handler or a phase."""
+    """One job's state between events; every method is an event handler or a phase. The one driver of
+    the iteration core (`rlsched.core.pipeline`) in virtual time, for `mode: sync` (the pipeline zero
+    versions ahead) and `mode: async` alike: the core decides when each wave's requests go out, when
+    a sample goes to verification, which judged groups the trainer takes and which it drops as too
+    stale; this class carries its effects out on the simulator's clock.
+
+    The fleet core routes the requests (a wave's queue behind the running ones; an instance asked to
+    reload in the middle of a batch finishes it on its version and pulls afterwards), the shared
+    verifier pool judges each sample, and update and publish take their drawn durations. A sample's
+    version is the one its instance held when the request was routed to it; a resumed sample keeps
+    the older of the two. Spans carry the iteration they serve: a generated sample its wave's (from
+    the wave's start), an update and a publish their step's; an iteration span runs from its wave's
+    start (sync) or the commit before (async) to its own commit."""
 
     def __init__(self, cfg: SimJobConfig, sim: Simulator, run: SimRun, cpu: PoolStage, gpu: PoolStage | None):
         self.cfg, self.sim, self.run, self.cpu, self.gpu = cfg, sim, run, cpu, gpu
@@ -256,56 +269,70 @@ class SimJob:
         self.gpu_s: np.ndarray = np.zeros(0)
         self.cpu_list: list[float] = []
         self.tokens: np.ndarray = np.zeros(0)
-        self.problem_of: list[int] = []  # sample n of this iteration -> its problem
+        self.problem_of: list[int] = []  # sample n of the newest wave -> its problem
         self.base: dict[int, tuple[float, float]] = {}  # a problem's CPU and GPU verify seconds
         self.order = np.zeros(0, dtype=np.int64)  # the dataset's problems in this epoch's order
         self.next_problem = 0
-        self.ids: list[TaskId] = []  # sample n's id in this iteration
-        self.batch = BatchId("")  # this iteration's batch
         self.arrivals: dict[str, tuple[int, PendingVerification]] = {}  # until the core says verify
         self.reads_batches = cpu.params.policy is DispatchPolicy.DISTRS  # the only policy that does
         self.dropped = 0  # samples left out as too stale (an async job's)
         self.staleness: dict[int, int] = {}  # samples trained, by versions stale (an async job's)
+        self.async_mode = cfg.mode is PipelineMode.ASYNC
         self.active = True
-        self.core = IterationCore(
-            IterationParams(
-                cfg.overlap, float(cfg.trainer_gpus), cfg.max_staleness, f"{cfg.name}/iter-", cfg.name
-            )
-        )
+        self.core = iteration_core(cfg)
         self.fleet = SimFleet(cfg, sim, self.on_sample, self._pulled, sim.record)
+        self.wave_start: dict[int, float] = {}
+        # sample n, numbered across waves: its id, wave, verify seconds and problem
+        self.ids: list[TaskId] = []
+        self.wave_of: list[int] = []
+        self.cpu_all: list[float] = []
+        self.gpu_all: list[float] = []
+        self.problem_all: list[int] = []
+        self.number: dict[str, int] = {}  # request id -> sample number
 
     @property
     def iteration(self) -> int:
         return self.core.iteration
 
     def batch_states(self) -> tuple[BatchState, ...]:
-        return (self.core.batch_state(),)
+        return self.core.batch_states()
 
     def _feed(self, event: IterationEvent) -> None:
         self._apply(self.core.handle(event))
 
     def _apply(self, effects: list[IterationEffect]) -> None:
         for e in effects:
+            if not self.active:  # its last iteration is committed: what is left in flight is moot
+                return
             if type(e) is Verify:
                 self._verify(e.request_ids)
+            elif isinstance(e, Generate):
+                self._start_wave(e.iteration)
             elif isinstance(e, Update):
-                self._update()
+                self._update_batch(e)
+            elif isinstance(e, Dropped):
+                self.dropped += len(e.request_ids)
+                self.sim.record(
+                    f"{self.name}: {len(e.request_ids)} sample(s) dropped, older than v{e.oldest}"
+                )
             elif isinstance(e, Publish):
                 publish = float(draw(self.cfg.publish_s, self.sim.rng, 1)[0])
-                self.sim.after(publish, partial(self.on_published, e.version, publish))
+                self.sim.after(publish, partial(self._published, e.version, publish))
             elif isinstance(e, Reload):  # every instance pulls the new version (over the link) first
                 self.fleet.publish(e.version)
                 self.fleet.reload(partial(self._at_now, Reloaded))
             elif isinstance(e, Committed):
-                self._iteration_done(e)
+                self._committed(e)
 
-    def _at_now(self, kind: type[Updated | Reloaded]) -> None:
+    def _at_now(self, kind: type[Reloaded]) -> None:
         self._feed(kind(self.sim.now))
 
-    def _span(self, kind: SpanKind, span_id: str, start: float, lane: str) -> None:
-        """A span of the current iteration ending now."""
+    def _span(self, kind: SpanKind, span_id: str, start: float, lane: str, iteration: int) -> None:
+        """A span of `iteration` ending now."""
         attrs = {"lane": lane, "job": self.name}
-        self.run.spans.append(Span(kind, span_id, start, self.sim.now, self.core.iteration, attrs))
+        self.run.spans.append(Span(kind, span_id, start, self.sim.now, iteration, attrs))
+
+    # -- generation -----------------------------------------------------------------------------------
 
     def _generation_times(self, n: int) -> np.ndarray:
         c, rng = self.cfg, self.sim.rng
@@ -317,7 +344,7 @@ class SimJob:
         return seconds
 
     def _problems(self, count: int) -> list[int]:
-        """This iteration's problems: new ones each time, or the dataset's in epochs."""
+        """A wave's problems: new ones each time, or the dataset's in epochs."""
         if self.cfg.problems is None:
             first = self.next_problem
             self.next_problem += count
@@ -361,28 +388,34 @@ class SimJob:
             self.base.clear()  # never seen again
 
     def start(self) -> None:
-        """The job's first version goes to every instance before its first iteration (as at runtime)."""
+        """The job's first version goes to every instance before its first wave (as at runtime)."""
         self.fleet.publish(0)
-        self.fleet.reload(self.start_iteration)
+        self.fleet.reload(lambda: self._apply(self.core.start()))
 
-    def start_iteration(self) -> None:
+    def _start_wave(self, wave: int) -> None:
         c = self.cfg
-        it = self.core.iteration + 1
-        self.ids = cast(list[TaskId], [f"{self.name}/{it}-{n}" for n in range(c.samples)])  # no call per id
-        self._feed(Started(self.sim.now, it, tuple(self.ids)))
-        self.batch = self.core.batch_id
-        self._batch_changed()
         durations = self._generation_times(c.samples)
         self._verify_times(self._ordered(self._problems(c.samples // c.group_size)))
         if c.tokens is None:  # the seconds model: a sample's "tokens" are its seconds, at 1 a second
-            self.tokens, rates = durations, np.ones(c.samples)
+            tokens, rates = durations.tolist(), [1.0] * c.samples
         else:
-            rates = self.tokens / np.maximum(durations, 1e-12)
-        self.fleet.start_iteration(self.iteration, self.tokens.tolist(), rates.tolist())
+            tokens, rates = self.tokens.tolist(), (self.tokens / np.maximum(durations, 1e-12)).tolist()
+        first = self.fleet.start_wave(wave, tokens, rates)
+        ids = cast(list[TaskId], [f"{self.name}/{wave}-{n}" for n in range(c.samples)])  # no call per id
+        self.number.update((rid, first + n) for n, rid in enumerate(ids))
+        self.ids += ids
+        self.wave_of += [wave] * c.samples
+        self.cpu_all += self.cpu_list
+        self.gpu_all += self.gpu_s.tolist()
+        self.problem_all += self.problem_of
+        self.wave_start[wave] = self.sim.now
+        self._feed(Started(self.sim.now, wave, tuple(ids)))
+        self._batch_changed()
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
-        key = "" if self.cfg.problems is None else f"p{self.problem_of[n]}"  # new problems: no history
-        return PendingVerification(task, self.batch, self.sim.now, kind=self.name, key=key, slots=slots)
+        key = "" if self.cfg.problems is None else f"p{self.problem_all[n]}"  # new problems: no history
+        batch = self.core.batch_id(self.wave_of[n])
+        return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
     def _pulled(self, instance: str, start: float, join: bool) -> None:
         """An instance has a version: a join (not a phase) or the reload after an update."""
@@ -400,19 +433,23 @@ class SimJob:
                 stage.batches_changed()
 
     def on_sample(self, n: int, lane: str) -> None:
-        task = self.ids[n]
-        self._span(SpanKind.GENERATE, task, self.core.started, lane)
+        task, wave = self.ids[n], self.wave_of[n]
+        self._span(SpanKind.GENERATE, task, self.wave_start[wave], lane, wave)
         self.arrivals[task] = (n, self._pending(task, n, self.cfg.verify_slots))
-        self._apply(self.core.sample_arrived(self.sim.now, task, self.core.version))  # handle(SampleArrived)
+        self._apply(self.core.sample_arrived(self.sim.now, task, self.fleet.versions[n]))  # SampleArrived
         if self.reads_batches:
             self._batch_changed()
 
+    # -- verification ---------------------------------------------------------------------------------
+
     def _verify(self, tasks: tuple[str, ...]) -> None:
         """The core hands these to the pool: each with its drawn seconds, and whom to tell."""
-        it, prepares, out = self.core.iteration, self.gpu is not None, []
+        prepares, out = self.gpu is not None, []
         for task in tasks:
             n, pending = self.arrivals.pop(task)
-            out.append((pending, StageWork(self.cpu_list[n], partial(self.on_cpu_done, n), it, prepares)))
+            out.append(
+                (pending, StageWork(self.cpu_all[n], partial(self.on_cpu_done, n), self.wave_of[n], prepares))
+            )
         if len(out) == 1:
             self.cpu.submit_one(*out[0])
         else:
@@ -422,7 +459,7 @@ class SimJob:
         if self.gpu is None or not isinstance(result, PendingVerification):
             self.on_judged(task)  # judged here (or the CPU stage failed it for good)
             return
-        self.gpu.submit([(result, StageWork(float(self.gpu_s[n]), self.on_gpu_done, self.core.iteration))])
+        self.gpu.submit([(result, StageWork(self.gpu_all[n], self.on_gpu_done, self.wave_of[n]))])
 
     def on_gpu_done(self, task: TaskId, result: Outcome | PendingVerification) -> None:
         self.on_judged(task)
@@ -432,29 +469,56 @@ class SimJob:
         if effects:
             self._apply(effects)
 
-    def _update(self) -> None:
+    # -- training -------------------------------------------------------------------------------------
+
+    def _update_batch(self, e: Update) -> None:
         c = self.cfg
         update = float(draw(c.update_s, self.sim.rng, 1)[0])
         if c.update_tokens_per_s is not None:
-            update += float(self.tokens.sum()) / c.update_tokens_per_s
-        self.sim.after(update, partial(self.on_updated, update))
+            tokens = self.fleet.tokens
+            update += float(np.sum([tokens[self.number[r]] for r in e.request_ids])) / c.update_tokens_per_s
+        if self.async_mode:
+            for stale, count in e.staleness:
+                self.staleness[stale] = self.staleness.get(stale, 0) + count
+        self.sim.after(update, partial(self._updated, e.iteration, update))
 
-    def on_updated(self, took: float) -> None:
-        it, lane = self.core.iteration, f"{self.name}/trainer"
-        self._span(SpanKind.UPDATE, f"{self.name}/update-{it}", self.sim.now - took, lane)
+    def _updated(self, step: int, took: float) -> None:
+        lane = f"{self.name}/trainer"
+        self._span(SpanKind.UPDATE, f"{self.name}/update-{step}", self.sim.now - took, lane, step)
         self._feed(Updated(self.sim.now))
 
-    def on_published(self, version: int, took: float) -> None:
-        self._span(SpanKind.PUBLISH, f"{self.name}/v{version}", self.sim.now - took, f"{self.name}/trainer")
+    def _published(self, version: int, took: float) -> None:
+        lane = f"{self.name}/trainer"
+        self._span(SpanKind.PUBLISH, f"{self.name}/v{version}", self.sim.now - took, lane, version)
         self._feed(VersionPublished(self.sim.now, version))
 
-    def _iteration_done(self, e: Committed) -> None:
+    def _committed(self, e: Committed) -> None:
         it = e.iteration
-        self._span(SpanKind.ITERATION, f"{self.name}/iter-{it}", e.started, f"{self.name}/controller")
+        self._span(SpanKind.ITERATION, f"{self.name}/iter-{it}", e.started, f"{self.name}/controller", it)
         self.sim.record(f"{self.name} iteration {it} done")
-        if it < self.cfg.iterations:
-            self.start_iteration()
-        else:
+        if it >= self.cfg.iterations:
             self.active = False
             self._batch_changed()
             self.fleet.close()
+
+
+def sim_pipeline_params(cfg: SimJobConfig) -> PipelineParams:
+    """A simulated job's iteration core parameters, as `rlsched.config_params.pipeline_params` makes a
+    job config's: a step's groups, the buffer, the staleness bound, the mode, overlap and the cost rate."""
+    return PipelineParams(
+        batch_groups=cfg.samples // cfg.group_size,
+        group_size=cfg.group_size,
+        max_staleness=cfg.max_staleness,
+        buffer_groups=cfg.buffer,
+        overlap=cfg.overlap,
+        cost_rate=float(cfg.trainer_gpus),
+        batch_prefix=f"{cfg.name}/iter-",
+        kind=cfg.name,
+        mode=cfg.mode,
+    )
+
+
+def iteration_core(cfg: SimJobConfig, version: int = 0, at: float = 0.0, steps: int = 0) -> PipelineCore:
+    """The simulator's iteration core for a job (from version `version` at time `at`, `steps` steps
+    committed): `SimJob` runs one from the start."""
+    return PipelineCore(sim_pipeline_params(cfg), version=version, at=at, steps=steps)

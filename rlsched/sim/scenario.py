@@ -6,11 +6,13 @@ validated once like a job config, with the same loader (`--set`, errors by dotte
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
-from rlsched.config import TimeoutConfig, TransientInstance
+from rlsched.config import JobConfig, TimeoutConfig, TransientInstance
 from rlsched.config_load import Section, load_tree
+from rlsched.config_params import training_devices
 from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.policy.versions import PipelineMode, pipeline_problem
@@ -209,6 +211,29 @@ class SimJobConfig(Section):
     def gpus(self) -> int:
         transient = sum(t.count for t in self.transient)  # at their peak they all hold one
         return self.trainer_gpus + (self.instances + transient) * self.gpus_per_instance
+
+
+def sim_job_of(cfg: JobConfig, name: str = "job", **draws: Any) -> SimJobConfig:
+    """A job config's iteration, as a simulated job: the same sections (`grpo`'s batch and steps,
+    `rollout`'s instances, request batch and staleness bound, `schedule`'s mode, buffer and overlap,
+    the training group's devices), with `draws` for what only the simulator models (durations, token
+    counts; a second a sample unless given)."""
+    fields: dict[str, Any] = {
+        "name": name,
+        "iterations": cfg.grpo.steps,
+        "samples": cfg.grpo.prompts_per_step * cfg.grpo.group_size,
+        "group_size": cfg.grpo.group_size,
+        "instances": cfg.rollout.instances,
+        "request_batch": cfg.rollout.request_batch,
+        "max_staleness": cfg.rollout.max_staleness,
+        "mode": cfg.schedule.mode,
+        "buffer_groups": cfg.schedule.buffer_groups,
+        "overlap": cfg.schedule.overlap,
+        "trainer_gpus": int(training_devices(cfg.trainer)),
+    }
+    if not {"generate_s", "tokens", "tokens_per_s"} & set(draws):
+        fields["generate_s"] = Constant(value=1.0)
+    return SimJobConfig(**(fields | draws))
 
 
 class ScenarioConfig(Section):

@@ -70,16 +70,24 @@ def test_unjudgeable_groups_are_left_out_not_scored_zero() -> None:
 
 
 def test_the_local_loop_builds_its_iteration_core_from_the_config_as_the_ray_controller_does() -> None:
-    """One YAML, the same iteration: `--local` builds its core with `pipeline_params`, as the Ray
-    controller does, so `schedule.overlap` and the training group's cost rate reach it (it dropped
-    both before issue 42) and sync mode is the pipeline run zero versions ahead."""
+    """One YAML, three drivers, the same iteration: `--local` builds its core with `pipeline_params`,
+    as the Ray driver does (`actors.iterations`), and the simulator's job made from the same config
+    (`sim_job_of`) builds equal parameters, its batch names aside; so `schedule.overlap` and the
+    training group's cost rate reach every one (`--local` dropped both before issue 42) and sync mode
+    is the pipeline run zero versions ahead."""
+    from dataclasses import replace
+
     from rlsched.config_params import pipeline_params, training_devices
     from rlsched.policy.versions import PipelineMode
+    from rlsched.sim.rljob import sim_pipeline_params
+    from rlsched.sim.scenario import sim_job_of
 
     cfg = load_config(None, [*SMALL, "schedule.overlap=false", "trainer.ranks=2", "rollout.max_staleness=1"])
     loop = GRPOLoop(cfg, log=lambda _: None)
     params = loop.core.params
     assert params == pipeline_params(cfg)
+    simulated = sim_pipeline_params(sim_job_of(cfg, "job"))
+    assert replace(simulated, batch_prefix="iter-", kind="default") == params
     assert params.overlap is False and params.cost_rate == training_devices(cfg.trainer) == 2.0
     assert params.mode is PipelineMode.SYNC and params.ahead == 0 and params.max_staleness == 1
     record = loop.step(0)  # the sequential baseline: every sample verified once generation ends

@@ -72,6 +72,7 @@ def job_file(tmp_path: Path, model: Path) -> Path:
     cfg["grpo"] |= {"steps": 1, "prompts_per_step": 4, "group_size": 2, "time_budget_s": 900}
     cfg["eval"] = {"every_steps": 100, "curve_size": 16}
     cfg["rollout"] = {"instances": 2}
+    cfg.setdefault("run", {})["record_iterations"] = True  # the iteration core's trace, replayed below
     path = tmp_path / "agent_job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -142,3 +143,13 @@ def test_a_killed_instance_s_episodes_resume_elsewhere_without_running_a_tool_tw
         calls += made
     assert calls > 0
     assert set(Path(tempfile.gettempdir()).glob("rlsched-sandbox-*")) <= sandboxes
+
+    # the multi-turn iteration is the one core's: every event the Ray driver fed it (each episode's
+    # arrival and verdict, the kill included) gives the same effects in the simulator's and --local's
+    from rlsched.config import load_config
+    from rlsched.store.traces import load_trace
+    from tests.helpers import replays_in_every_driver
+
+    trace = load_trace(out / "iteration_trace.pkl")
+    assert replays_in_every_driver(load_config(job), trace) == []
+    print(f"multi-turn iteration trace: {len(trace.steps)} events, equal in the sim's, --local's and a copy")

@@ -99,9 +99,16 @@ def test_a_killed_then_preempted_job_comes_back_each_time_and_finishes_whole(clu
         time.sleep(0.3)  # into iteration 3
         os.kill(first, signal.SIGKILL)
         second = _attempt(supervisor, first)
-        wait_for(
-            lambda: committed(out) >= 4 and "resuming" in log.read_text(), "attempt 2 past iteration 4", 300
-        )
+
+        def second_past_four() -> bool:
+            """Attempt 2 has committed iteration 4 itself: it logged an iteration after resuming (it
+            rewrites metrics.jsonl to its checkpoint's rows first, so a count before that line may
+            still be attempt 1's, which can have reached iteration 4 before the kill)."""
+            text = log.read_text()
+            resumed = text[text.find("resuming") :] if "resuming" in text else ""
+            return re.search(r"^iter\s+\d+", resumed, re.MULTILINE) is not None and committed(out) >= 4
+
+        wait_for(second_past_four, "attempt 2 past iteration 4", 300)
         evaluation = JobSpec("eval", "research", "high", (Gang(({"CPU": 8.0},)),))
         assert ray.get(scheduler.submit.remote(evaluation)) == ""
         wait_for(

@@ -261,7 +261,8 @@ def test_a_job_started_again_after_a_crash_takes_back_its_endpoints_episodes(
         first = client.chat.completions.create(**ask, extra_body={"episode_id": "open", "ignore_eos": True})
         assert before.run_iteration(1).extra["endpoint"]["episodes_trained"] == 1  # "done"
     finally:
-        ray.kill(before.endpoint)  # the crash: the endpoint goes without a word
+        assert before.endpoint is not None
+        ray.kill(before.endpoint.handle)  # the crash: the endpoint goes without a word
         before.endpoint = None
         before.shutdown()
 

@@ -1,0 +1,125 @@
+"""A job's side of the OpenAI endpoint (`actors.endpoint`) that serves its fleet
+(`rollout.endpoint.enabled`): what the iteration's driver asks of it, as calls on its actor.
+
+- While a wave generates, episodes its clients ended with a reference and no reward are offered to
+  the batch (`to_judge`): the verifier pool judges their final answer like any sample, and `reward`
+  sends the verdicts back.
+- At each update, the episodes ended and rewarded since the last one join the batch (`take`).
+- A reload leaves in place the instances the endpoint's open episodes are pinned to (`held`,
+  `rlsched.policy.routing.hold_back`); once done, the endpoint learns the fleet and the version.
+- Checkpoints and recoveries tell its journal which episodes are committed and which come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+
+from actors.fleet import Fleet
+from rlsched.config import JobConfig
+from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
+from rlsched.model.checkpoint import inspect_checkpoint
+from rlsched.policy.routing import InstanceView, hold_back
+from rlsched.rl.episodes import episode_batch
+from rlsched.rl.task import JsonlProblem
+from rlsched.rl.update import TrainItem
+from verifiers.loading import VerifierSet
+from verifiers.protocol import Outcome, Verdict, client_reference_refusal
+
+
+class EndpointLink:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        fleet: Fleet,
+        verifiers: VerifierSet,
+        log: Callable[[str], None],
+        out_dir: Path | None,
+        resume_after: int | None,
+    ) -> None:
+        """The endpoint over the job's fleet, its address printed. Its episodes are journaled in the
+        run's `episodes.sqlite`; a resumed run takes back those the crash left."""
+        from actors.endpoint import EndpointActor
+
+        self.cfg, self.fleet, self.log = cfg, fleet, log
+        self._judging: dict[RequestId, str] = {}  # offered episodes the verifiers judge
+        journal = str(out_dir / "episodes.sqlite") if out_dir is not None else None
+        self.handle = EndpointActor.remote(  # type: ignore[attr-defined]
+            fleet.live_handles(), str(inspect_checkpoint(cfg.model.checkpoint).path),
+            cfg.rollout.endpoint, max_staleness=cfg.rollout.max_staleness, template=cfg.model.template,
+            journal=journal, resume_after=resume_after, rewards=verifiers.rewards,
+            reference_refusal=client_reference_refusal(verifiers.get()),
+        )  # fmt: skip
+        if resume_after is not None and journal is not None:
+            back = len(ray.get(self.handle.episodes.remote()))
+            log(f"endpoint: {back} episode(s) of the earlier run taken back from {journal}")
+        host, port, name, context = ray.get(self.handle.address.remote())
+        log(
+            f"endpoint: {name} at http://{host}:{port}/v1 over the rollout fleet (context {context} "
+            "tokens); rewarded episodes join each iteration's batch (docs/endpoint.md)"
+        )
+
+    def to_judge(self) -> list[tuple[Sample, JsonlProblem]]:
+        """Episodes ended with a reference and no reward, as samples for the verifiers to judge."""
+        out = []
+        for j in ray.get(self.handle.to_judge.remote()):
+            rid = RequestId(f"episode/{j.episode_id}")
+            self._judging[rid] = j.episode_id
+            sample = Sample(
+                rid, (), j.token_ids, (0.0,) * len(j.token_ids), j.text, FinishReason.STOP,
+                WeightVersion(j.version),
+            )  # fmt: skip
+            out.append((sample, JsonlProblem(j.episode_id, (), j.reference)))
+        return out
+
+    def reward(self, outcomes: dict[RequestId, Outcome]) -> dict[str, int]:
+        """The verifiers' rewards for the offered episodes, sent to the endpoint (their outcomes leave
+        `outcomes`); one the verifier could not judge waits for the reward timeout."""
+        counts = {"episodes_judged": 0, "episodes_unjudged": 0}
+        for rid in [r for r in self._judging if r in outcomes]:
+            episode_id, outcome = self._judging.pop(rid), outcomes.pop(rid)
+            if isinstance(outcome, Verdict):
+                ray.get(self.handle.judged.remote(episode_id, outcome.reward))
+                counts["episodes_judged"] += 1
+            else:
+                counts["episodes_unjudged"] += 1
+                self.log(f"episode {episode_id}: the verifier could not judge it ({outcome.detail})")
+        return counts
+
+    def take(self, iteration: int) -> tuple[list[TrainItem], list[tuple[str, str]], dict[str, int]]:
+        """The episodes ready since the last iteration: their train items, each episode's id and how
+        it was consumed, and the counts of those taken, trained and left out."""
+        taken = ray.get(self.handle.take_ready.remote(iteration))
+        batch = episode_batch(taken, keep_mixed=self.cfg.rollout.endpoint.train_mixed)
+        trained = set(batch.episode_ids)
+        consumed = [(f"episode/{e.id}", "episode" if e.id in trained else "episode_left_out") for e in taken]
+        counts = {
+            "episodes": len(taken),
+            "episodes_trained": len(batch.items),
+            "episodes_mixed_dropped": len(batch.mixed),
+            "episodes_not_stitched": len(batch.not_stitched),
+        }
+        return batch.items, consumed, counts
+
+    def held(self, version: int) -> list[str]:
+        """Instances a reload to `version` leaves in place for the endpoint's pinned episodes."""
+        pins = ray.get(self.handle.pins.remote())
+        views = [InstanceView(n, True, v) for n, v in self.fleet.serving_versions().items()]
+        return sorted(hold_back(views, pins, version, self.cfg.rollout.max_staleness))
+
+    def reloaded(self, version: int) -> None:
+        """The fleet holds `version`: the endpoint routes to its instances at it."""
+        ray.get(self.handle.sync.remote(self.fleet.live_handles(), version))
+
+    def checkpointed(self, iteration: int) -> None:
+        ray.get(self.handle.checkpointed.remote(iteration))
+
+    def restore(self, iteration: int) -> None:
+        back = ray.get(self.handle.restore.remote(iteration))
+        self.log(f"endpoint: {back} episode(s) taken by the iterations run again are back in its store")
+
+    def stop(self) -> None:
+        ray.get(self.handle.stop.remote())
+        ray.kill(self.handle)
