@@ -49,6 +49,7 @@ from bisect import insort
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from rlsched.core.iteration import (
@@ -75,6 +76,7 @@ from rlsched.policy.verify import BatchId, BatchState
 from rlsched.policy.versions import PipelineMode, oldest_admissible, pipeline_problem, staleness
 
 _T = TrainerPhase
+_NONE_LOW = 2**62  # an empty buffer's oldest version: newer than any
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class _Group:
     arrived: dict[str, int] = field(default_factory=dict)  # request -> oldest version of its tokens
     judged: set[str] = field(default_factory=set)
     done_at: float = 0.0
+    last_at: float = 0.0  # when its last sample arrived
+    _low: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -120,6 +124,14 @@ class _Group:
     @property
     def oldest(self) -> int:
         return min(self.arrived.values())
+
+    @property
+    def low(self) -> int:
+        """`oldest`, once the group is complete (its versions no longer change): kept, since every
+        verdict that completes a group looks at each buffered group's."""
+        if self._low is None:
+            self._low = self.oldest
+        return self._low
 
 
 @dataclass(slots=True)
@@ -132,6 +144,7 @@ class _Wave:
     arrived: int = 0
     unjudged: int = 0  # arrived, not yet judged
     held: list[str] = field(default_factory=list)  # `overlap` off: until its last sample is in
+    done: list[_Group] = field(default_factory=list)  # sync: its judged groups, until all are
 
 
 @dataclass(slots=True)
@@ -161,19 +174,20 @@ class PipelineCore:
         self.waves: dict[int, _Wave] = {}  # waves with samples still to arrive or be judged
         self.groups: dict[str, _Group] = {}  # request -> its group, until the group is buffered
         self.buffer: list[_Group] = []  # oldest iteration first, then by when judged
+        self._buffer_low = _NONE_LOW  # the oldest version in the buffer (none: above any)
         self._judged_groups = 0
         self.buffer_peak = 0
         self.dropped_groups = 0
         self.stale_histogram: Counter[int] = Counter()  # samples trained, by versions stale
         self.unexpected = 0
         self.last_generation_s: float | None = None
-        self._arrival_at: dict[str, float] = {}
         self._wave_started: dict[int, float] = {}
         self._wave_floor: dict[int, int] = {}
         self._seq = 0  # groups sent out so far
         sync = params.mode is PipelineMode.SYNC  # the mode's variants, chosen once
         self._take_batch = self._take_wave if sync else self._take_groups
         self._commit_as = self._commit_sync if sync else self._commit_async
+        self._judged_group = self._held_in_wave if sync else self._buffered
         self._announced = False  # a Generate is out and its Started not yet in
         self._running: deque[_Step] = deque()  # steps asked for and not yet committed, in order
         self._out: list[Effect] = []
@@ -199,8 +213,8 @@ class PipelineCore:
         self._wave_floor.setdefault(wave, self.reloaded)
         for versions in groups:
             group = _Group(wave, tuple(versions), self._next_seq(), dict(versions), set(versions), at)
-            self._arrival_at.update(dict.fromkeys(versions, at))
-            insort(self.buffer, group, key=lambda g: (g.wave, g.done_at))
+            group.last_at = at
+            self._to_buffer(group)
         self.buffer_peak = max(self.buffer_peak, len(self.buffer))
 
     def start(self) -> list[Effect]:
@@ -301,12 +315,34 @@ class PipelineCore:
         self.waves[e.iteration] = _Wave(e.iteration, e.at, len(e.requests), self.reloaded, groups)
         self._wave_started[e.iteration] = e.at
         self._wave_floor[e.iteration] = self.reloaded
-        for i in range(0, len(e.requests), p.group_size):
-            members = tuple(e.requests[i : i + p.group_size])
-            group = _Group(e.iteration, members, self._next_seq())
+        size, seq, by_id = p.group_size, self._seq, self.groups
+        for i in range(0, len(e.requests), size):
+            members = e.requests[i : i + size]
+            seq += 1
+            group = _Group(e.iteration, members, seq)
             for rid in members:
-                self.groups[rid] = group
+                by_id[rid] = group
+        self._seq = seq
         self._maybe_generate()
+
+    def _to_buffer(self, group: _Group) -> None:
+        buffer = self.buffer
+        last = buffer[-1] if buffer else None
+        if (
+            last is None
+            or last.wave < group.wave
+            or (last.wave == group.wave and last.done_at <= group.done_at)
+        ):
+            buffer.append(group)  # the common case (groups judged in order): no search
+        else:
+            insort(buffer, group, key=lambda g: (g.wave, g.done_at))
+        low = group._low = min(group.arrived.values())  # complete: its versions no longer change
+        if low < self._buffer_low:
+            self._buffer_low = low
+
+    def _set_buffer(self, groups: list[_Group]) -> None:
+        self.buffer = groups
+        self._buffer_low = min((g.low for g in groups), default=_NONE_LOW)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -334,7 +370,7 @@ class PipelineCore:
             self.unexpected += 1
             return
         group.arrived[rid] = version
-        self._arrival_at[rid] = at
+        group.last_at = at  # arrivals come in time order
         wave = self.waves[group.wave]
         wave.arrived += 1
         wave.unjudged += 1
@@ -353,19 +389,39 @@ class PipelineCore:
         if group is None or rid not in group.arrived or rid in group.judged:
             self.unexpected += 1
             return
-        group.judged.add(rid)
-        wave = self.waves[group.wave]
+        judged = group.judged
+        judged.add(rid)
+        waves = self.waves
+        wave = waves[group.wave]
         wave.unjudged -= 1
-        if wave.arrived == wave.requests and wave.unjudged == 0:
-            del self.waves[group.wave]
-        if group.complete:
+        if wave.unjudged == 0 and wave.arrived == wave.requests:
+            del waves[group.wave]
+        if len(judged) == len(group.members):  # complete: only an arrived sample is judged
             group.done_at = at
             wave.open_groups -= 1
             for member in group.members:
                 del self.groups[member]
             self._judged_groups += 1
-            insort(self.buffer, group, key=lambda g: (g.wave, g.done_at))
-            self.buffer_peak = max(self.buffer_peak, len(self.buffer))
+            self._judged_group(group, wave)
+
+    def _buffered(self, group: _Group, wave: _Wave) -> None:
+        """Async: a judged group joins the buffer at once, and an idle trainer may take a batch."""
+        self._to_buffer(group)
+        if len(self.buffer) > self.buffer_peak:
+            self.buffer_peak = len(self.buffer)
+        if self.trainer is _T.IDLE:
+            self._maybe_update()
+
+    def _held_in_wave(self, group: _Group, wave: _Wave) -> None:
+        """Sync: a step takes its whole wave, so its judged groups wait in the wave until the last one
+        is judged, then join the buffer together (the same batch, without a look per group)."""
+        wave.done.append(group)
+        if wave.iteration in self.waves:
+            return
+        for g in wave.done:
+            self._to_buffer(g)
+        self.buffer_peak = max(self.buffer_peak, len(self.buffer))
+        if self.trainer is _T.IDLE:
             self._maybe_update()
 
     # -- training ---------------------------------------------------------------------------------
@@ -381,28 +437,28 @@ class PipelineCore:
         if self.trainer is not _T.IDLE:
             return
         oldest = oldest_admissible(self.trained, p.max_staleness)
-        dropped = [g for g in self.buffer if g.oldest < oldest]
+        dropped = [g for g in self.buffer if g.low < oldest] if self._buffer_low < oldest else []
         if dropped:
-            self.buffer = [g for g in self.buffer if g.oldest >= oldest]
+            self._set_buffer([g for g in self.buffer if g.low >= oldest])
             self.dropped_groups += len(dropped)
-            for rid in _ids(dropped):
-                self._arrival_at.pop(rid, None)
             self._out.append(Dropped(_ids(dropped), oldest))
             self._maybe_generate()
         batch = self._take_batch()
         if not batch:
             return
-        histogram = Counter(staleness(self.trained, v) for g in batch for v in g.arrived.values())
+        by_version = Counter(chain.from_iterable(g.arrived.values() for g in batch))  # the samples' oldest
+        histogram = Counter({staleness(self.trained, v): n for v, n in by_version.items()})
         self.stale_histogram.update(histogram)
         self.steps += 1
         rids = _ids(batch)
+        waves = {g.wave for g in batch}
         self._running.append(
             _Step(
                 self.steps,
-                min(g.oldest for g in batch),
-                min(self._wave_floor[g.wave] for g in batch),
-                min(self._wave_started[g.wave] for g in batch),
-                max(self._arrival_at.pop(r) for r in rids),
+                min(by_version),
+                min(self._wave_floor[w] for w in waves),
+                min(self._wave_started[w] for w in waves),
+                max(g.last_at for g in batch),
             )
         )
         self._to(_T.UPDATING)
@@ -457,7 +513,8 @@ class PipelineCore:
         n = self.params.batch_groups
         if len(self.buffer) < n or self._waits_for_old_groups():
             return []
-        batch, self.buffer = self.buffer[:n], self.buffer[n:]
+        batch = self.buffer[:n]
+        self._set_buffer(self.buffer[n:])
         return batch
 
     def _take_wave(self) -> list[_Group]:
@@ -467,7 +524,7 @@ class PipelineCore:
             return []
         wave = self.buffer[0].wave
         batch = sorted((g for g in self.buffer if g.wave == wave), key=lambda g: g.seq)
-        self.buffer = [g for g in self.buffer if g.wave != wave]
+        self._set_buffer([g for g in self.buffer if g.wave != wave])
         return batch
 
     def _commit_async(self, step: _Step) -> Committed:

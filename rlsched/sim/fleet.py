@@ -21,6 +21,7 @@ running. The rest of its life is the fraction not generating.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -267,10 +268,11 @@ class SimFleet:
             else None
         )
         self.instances: dict[str, Instance] = {}
-        self.ids: list[str] = []  # sample n's request id
-        self.tokens: list[float] = []
-        self.rates: list[float] = []  # tokens per second of each sample's decode
-        self.versions: list[int] = []  # the version each sample was routed at (what sampled it)
+        # per sample n (its request id is str(n)), numbered across waves; arrays, not lists, so that
+        # the collector never walks them (a million samples' worth made a long run 25% slower)
+        self.tokens = array("d")
+        self.rates = array("d")  # tokens per second of each sample's decode
+        self.versions = array("q")  # the version each sample was routed at (what sampled it)
         self._then: Callable[[], None] | None = None
         self._alarm = Alarm(sim, self._on_tick)
         self._replies: list[fx.Event] = []
@@ -383,14 +385,13 @@ class SimFleet:
         on from them. Returns the first one's number."""
         c = self.cfg
         first = len(self.tokens)
-        self.tokens += tokens
-        self.rates += rates
-        self.versions += [0] * len(tokens)
-        self.ids += [str(n) for n in range(first, first + len(tokens))]
+        self.tokens.extend(tokens)
+        self.rates.extend(rates)
+        self.versions.extend([0] * len(tokens))
         prompt, size = int(c.resume.prompt_tokens), c.group_size
         requests = tuple(
             [
-                fx.RequestSpec(self.ids[n], str(n // size), prompt, max(self.rates[n], _EPS))
+                fx.RequestSpec(str(n), str(n // size), prompt, max(self.rates[n], _EPS))
                 for n in range(first, first + len(tokens))
             ]
         )
@@ -415,7 +416,7 @@ class SimFleet:
         running = inst.running
         del running[n]
         now = self.sim.now
-        if self.core.arrived(inst.name, self.ids[n]) is not None:  # as handle(Arrived), per sample
+        if self.core.arrived(inst.name, str(n)) is not None:  # as handle(Arrived), per sample
             self.finished(n, inst.name)
         if not running:
             inst.idle_if_empty(now)

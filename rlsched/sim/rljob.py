@@ -30,6 +30,7 @@ verifications).
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -76,6 +77,7 @@ from rlsched.core.verify_pool_io import (
 )
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.policy.verify import (
+    BatchId,
     BatchState,
     DispatchPolicy,
     PendingVerification,
@@ -282,13 +284,16 @@ class SimJob:
         self.core = iteration_core(cfg)
         self.fleet = SimFleet(cfg, sim, self.on_sample, self._pulled, sim.record)
         self.wave_start: dict[int, float] = {}
-        # sample n, numbered across waves: its id, wave, verify seconds and problem
-        self.ids: list[TaskId] = []
-        self.wave_of: list[int] = []
-        self.cpu_all: list[float] = []
-        self.gpu_all: list[float] = []
-        self.problem_all: list[int] = []
-        self.number: dict[str, int] = {}  # request id -> sample number
+        # sample n, numbered across waves: its wave, verify seconds and problem (arrays, which the
+        # collector never walks), and its id (a wave's, from the wave's first sample number)
+        self.wave_of = array("q")
+        self.cpu_all = array("d")
+        self.gpu_all = array("d")
+        self.problem_all = array("q")
+        self.wave_ids: dict[int, tuple[TaskId, ...]] = {}
+        self.first_of: dict[int, int] = {}
+        self.number: dict[str, int] = {}  # request id -> sample number (only to price an update's tokens)
+        self._batches: dict[int, BatchId] = {}  # a wave's batch id, made once
 
     @property
     def iteration(self) -> int:
@@ -401,20 +406,22 @@ class SimJob:
         else:
             tokens, rates = self.tokens.tolist(), (self.tokens / np.maximum(durations, 1e-12)).tolist()
         first = self.fleet.start_wave(wave, tokens, rates)
-        ids = cast(list[TaskId], [f"{self.name}/{wave}-{n}" for n in range(c.samples)])  # no call per id
-        self.number.update((rid, first + n) for n, rid in enumerate(ids))
-        self.ids += ids
-        self.wave_of += [wave] * c.samples
-        self.cpu_all += self.cpu_list
-        self.gpu_all += self.gpu_s.tolist()
-        self.problem_all += self.problem_of
+        ids = cast(tuple[TaskId, ...], tuple([f"{self.name}/{wave}-{n}" for n in range(c.samples)]))
+        if c.update_tokens_per_s is not None:
+            self.number.update((rid, first + n) for n, rid in enumerate(ids))
+        self.wave_ids[wave], self.first_of[wave] = ids, first
+        self.wave_of.extend([wave] * c.samples)
+        self.cpu_all.extend(self.cpu_list)
+        self.gpu_all.extend(self.gpu_s.tolist())
+        self.problem_all.extend(self.problem_of)
         self.wave_start[wave] = self.sim.now
         self._feed(Started(self.sim.now, wave, tuple(ids)))
         self._batch_changed()
 
     def _pending(self, task: TaskId, n: int, slots: int = 1) -> PendingVerification:
         key = "" if self.cfg.problems is None else f"p{self.problem_all[n]}"  # new problems: no history
-        batch = self.core.batch_id(self.wave_of[n])
+        wave = self.wave_of[n]
+        batch = self._batches.get(wave) or self._batches.setdefault(wave, self.core.batch_id(wave))
         return PendingVerification(task, batch, self.sim.now, kind=self.name, key=key, slots=slots)
 
     def _pulled(self, instance: str, start: float, join: bool) -> None:
@@ -433,7 +440,8 @@ class SimJob:
                 stage.batches_changed()
 
     def on_sample(self, n: int, lane: str) -> None:
-        task, wave = self.ids[n], self.wave_of[n]
+        wave = self.wave_of[n]
+        task = self.wave_ids[wave][n - self.first_of[wave]]
         self._span(SpanKind.GENERATE, task, self.wave_start[wave], lane, wave)
         self.arrivals[task] = (n, self._pending(task, n, self.cfg.verify_slots))
         self._apply(self.core.sample_arrived(self.sim.now, task, self.fleet.versions[n]))  # SampleArrived
@@ -476,7 +484,8 @@ class SimJob:
         update = float(draw(c.update_s, self.sim.rng, 1)[0])
         if c.update_tokens_per_s is not None:
             tokens = self.fleet.tokens
-            update += float(np.sum([tokens[self.number[r]] for r in e.request_ids])) / c.update_tokens_per_s
+            number = self.number
+            update += float(np.sum([tokens[number.pop(r)] for r in e.request_ids])) / c.update_tokens_per_s
         if self.async_mode:
             for stale, count in e.staleness:
                 self.staleness[stale] = self.staleness.get(stale, 0) + count
