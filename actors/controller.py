@@ -243,11 +243,20 @@ class JobController:
         if replenish:
             self.fleet.replenish(self.cfg.rollout.instances)
         failed = self.fleet.counts.join_failures
-        self.fleet.reload(self.endpoint.held(meta.version) if self.endpoint is not None else ())
-        if self.fleet.counts.join_failures > failed:  # were they unable to reach rank 0's service?
+        self.fleet.reload(self.held(meta.version))
+        self.reload_ended(failed, meta.version)
+
+    def held(self, version: int) -> list[str]:
+        """Instances a reload to `version` leaves in place (the endpoint's pinned episodes)."""
+        return self.endpoint.held(version) if self.endpoint is not None else []
+
+    def reload_ended(self, failures_before: int, version: int) -> None:
+        """Every instance has `version`: a join that failed meanwhile may mean rank 0's weight service
+        is gone (the training group is checked), and the endpoint learns the fleet and the version."""
+        if self.fleet.counts.join_failures > failures_before:
             self.group.check("reload")
         if self.endpoint is not None:
-            self.endpoint.reloaded(meta.version)
+            self.endpoint.reloaded(version)
 
     def record_extra(self, stats: LossStats) -> dict[str, Any]:
         """What every iteration's record adds, in either mode: the pool's and the fleet's counts since

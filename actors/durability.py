@@ -174,6 +174,7 @@ class JobLog:
         self, cfg: JobConfig, out_dir: Path, log: Callable[[str], None], plan: ResumePlan | None
     ) -> None:
         self.cfg, self.out_dir, self.log = cfg, out_dir, log
+        self.rules = run_rules(cfg)  # when a checkpoint is due
         self.root = checkpoint_root(cfg, out_dir)
         if plan is None:
             self._start_afresh()
@@ -234,7 +235,7 @@ class JobLog:
 
     def after_commit(self, iteration: int, controller: JobController, train_s: float) -> None:
         """A checkpoint when one is due on the schedule (the job's end and stops take their own)."""
-        if run_rules(self.cfg).checkpoint_due(iteration):
+        if self.rules.checkpoint_due(iteration):
             self.checkpoint(iteration, controller, train_s)
 
     def gauges(self) -> dict[str, float]:

@@ -73,6 +73,10 @@ class Job(Protocol):
 
     def publish(self, iteration: int, version: int) -> PublishedVersion: ...
 
+    def held(self, version: int) -> list[str]: ...
+
+    def reload_ended(self, failures_before: int, version: int) -> None: ...
+
     def record_extra(self, stats: LossStats) -> dict[str, Any]: ...
 
 
@@ -262,7 +266,7 @@ class IterationRun:
                 self._feed(it.VersionPublished(c.clock(), self.published.version))
             elif isinstance(e, it.Reload):
                 c.fleet.publish(self.published)
-                c.fleet.reload_begin(c.endpoint.held(e.version) if c.endpoint is not None else ())
+                c.fleet.reload_begin(c.held(e.version))
                 self._join_failures = c.fleet.counts.join_failures
                 self.reloading = True
             elif isinstance(e, it.Committed):
@@ -274,13 +278,9 @@ class IterationRun:
             self.c.verification.verify(rest)
 
     def _reloaded(self) -> None:
-        c = self.c
         self.reloading = False
-        if c.fleet.counts.join_failures > self._join_failures:  # were they unable to reach rank 0's service?
-            c.group.check("reload")
-        if c.endpoint is not None:
-            c.endpoint.reloaded(self.core.version)
-        self._feed(it.Reloaded(c.clock()))
+        self.c.reload_ended(self._join_failures, self.core.version)
+        self._feed(it.Reloaded(self.c.clock()))
 
     # -- generation ----------------------------------------------------------------------------------
 

@@ -115,23 +115,7 @@ class _Group:
     judged: set[str] = field(default_factory=set)
     done_at: float = 0.0
     last_at: float = 0.0  # when its last sample arrived
-    _low: int | None = None
-
-    @property
-    def complete(self) -> bool:
-        return len(self.arrived) == len(self.members) and len(self.judged) == len(self.members)
-
-    @property
-    def oldest(self) -> int:
-        return min(self.arrived.values())
-
-    @property
-    def low(self) -> int:
-        """`oldest`, once the group is complete (its versions no longer change): kept, since every
-        verdict that completes a group looks at each buffered group's."""
-        if self._low is None:
-            self._low = self.oldest
-        return self._low
+    low: int = 0  # the oldest version of its samples, set once it is judged whole and buffered
 
 
 @dataclass(slots=True)
@@ -175,7 +159,6 @@ class PipelineCore:
         self.groups: dict[str, _Group] = {}  # request -> its group, until the group is buffered
         self.buffer: list[_Group] = []  # oldest iteration first, then by when judged
         self._buffer_low = _NONE_LOW  # the oldest version in the buffer (none: above any)
-        self._judged_groups = 0
         self.buffer_peak = 0
         self.dropped_groups = 0
         self.stale_histogram: Counter[int] = Counter()  # samples trained, by versions stale
@@ -336,7 +319,7 @@ class PipelineCore:
             buffer.append(group)  # the common case (groups judged in order): no search
         else:
             insort(buffer, group, key=lambda g: (g.wave, g.done_at))
-        low = group._low = min(group.arrived.values())  # complete: its versions no longer change
+        low = group.low = min(group.arrived.values())  # complete: its versions no longer change
         if low < self._buffer_low:
             self._buffer_low = low
 
@@ -401,7 +384,6 @@ class PipelineCore:
             wave.open_groups -= 1
             for member in group.members:
                 del self.groups[member]
-            self._judged_groups += 1
             self._judged_group(group, wave)
 
     def _buffered(self, group: _Group, wave: _Wave) -> None:

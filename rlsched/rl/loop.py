@@ -16,9 +16,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from rlsched.rl import agent as ag
 from rlsched.rl import episode_runs as er
 from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, evaluate
+from rlsched.rl.feed import ProblemFeed
 from rlsched.rl.grpo import LossStats
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
@@ -134,7 +134,7 @@ class GRPOLoop:
         )
         self.pool = LocalPool(cfg.verifier, cfg.grpo.verify_retries, rewards=self.verifiers.rewards)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.grpo.lr, weight_decay=0.0)
-        self.train_stream: Iterator[TaskProblem] = self.task.train_problems(random.Random(cfg.run.seed))
+        self.feed = ProblemFeed(self.task, cfg.run.seed)  # the training problems, as the Ray job draws them
         # the iteration's one core, in sync mode (`--local` refuses async: one phase at a time), built
         # from the config as the Ray controller builds it
         self.core = iteration_core(cfg)
@@ -226,7 +226,7 @@ class GRPOLoop:
     def step(self, step: int) -> StepRecord:
         phase: dict[str, float] = {}
         t = time.monotonic()
-        problems = [next(self.train_stream) for _ in range(self.cfg.grpo.prompts_per_step)]
+        problems = [self.feed.next()[1] for _ in range(self.cfg.grpo.prompts_per_step)]
         iteration = self.phases.take(it.Generate).iteration  # the core's word that it may go out
         if self.agent is not None:
             return self._agent_step(step, iteration, problems)
