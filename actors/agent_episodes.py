@@ -22,11 +22,11 @@ import ray
 
 from actors.arrivals import Arrival, Batch
 from actors.fleet import Fleet
-from actors.interrupt import ctrl_c
-from actors.records import generate_attrs
 from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, SamplingParams, WeightVersion
+from rlsched.job.interrupt import ctrl_c
+from rlsched.job.records import generate_attrs
 from rlsched.rl import episode_runs as er
 from rlsched.rl.agent import AgentSpec
 from rlsched.rl.episode_runs import EpisodeRun

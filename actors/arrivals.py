@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actors.fleet import Fleet
-from actors.records import generate_attrs
 from actors.verification import JobVerification
 from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import RequestId, Sample, SamplingParams
+from rlsched.job.records import generate_attrs
 from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.verify import DispatchPolicy, generation_order

@@ -17,7 +17,7 @@ single-turn requests on the fleet's streams, or a multi-turn job's episodes
 5. `publish`: rank 0's new BF16 version, held by its weight service;
 6. `reload`: every serving instance pulls it over the weight link, loads it and confirms the
    checksum;
-7. `commit`: the iteration record (`actors.records`), appended and fsync'ed by the caller.
+7. `commit`: the iteration record (`rlsched.job.records`), appended and fsync'ed by the caller.
 
 The controller runs in the driver and holds only handles and bookkeeping; every span it records is
 on its own clock (request sent -> sample arrived, dispatched -> outcome received).
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +35,17 @@ import ray
 
 from actors.agent_episodes import Episodes
 from actors.arrivals import Producer, Requests
-from actors.cluster import ClusterClient
+from actors.cluster_client import ClusterClient
 from actors.endpoint_link import EndpointLink
-from actors.fleet import Fleet, store_path
+from actors.fleet import Fleet
 from actors.iterations import IterationRun
 from actors.orders import Orders
-from actors.records import IterationRecord
 from actors.trainer import PublishedVersion, TrainingGroup
 from actors.verification import JobVerification
 from rlsched.config import JobConfig
+from rlsched.config_params import retries, store_path
+from rlsched.job.durability import Start
+from rlsched.job.records import IterationRecord
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
 from rlsched.policy.versions import PipelineMode
@@ -57,21 +59,6 @@ from rlsched.rl.task import TaskProblem
 from rlsched.rl.tasks import build_task
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet
-
-
-@dataclass(frozen=True)
-class Start:
-    """Where the controller begins: a new job, or a resumed one after `iteration`, with the training
-    state in `state` (a checkpoint directory; None: the model as loaded), at weight version `version`
-    and data position `cursor` (training problems already drawn); a pipelined job's work held beside
-    that checkpoint in `pending`; `attempt`: the run's number (1, then one more per resume)."""
-
-    iteration: int = 0
-    version: int = 0
-    cursor: int = 0
-    state: Path | None = None
-    pending: PendingWork | None = None
-    attempt: int = 1
 
 
 class JobController:
@@ -109,7 +96,7 @@ class JobController:
         self._trainer_pg = trainer_pg
         self.group = self._training_group(start)
         self.fleet = Fleet(cfg, checkpoint, store_path(cfg, out_dir), self.spans, self.clock, log)
-        self.fleet.pg = workers_pg
+        self.fleet.instances.pg = workers_pg
         for i in range(cfg.rollout.instances):
             self.fleet.add(f"rollout-{i}")
         self.orders = Orders(self.fleet, cluster, inbox, self.clock, log)
@@ -279,7 +266,8 @@ class JobController:
         requests = eval_requests(
             self.tokenizer, self.template, problems, max_tokens=self.cfg.sampling.max_tokens
         )
-        for _ in range(3):  # an instance that dies meanwhile is replaced, and the evaluation rerun
+        retry, failures = retries(self.cfg).evaluation, 0
+        while True:  # an instance that dies meanwhile is replaced, and the evaluation rerun
             if not self.fleet.serving():
                 self.fleet.wait_serving()
             names = self.fleet.serving()
@@ -296,7 +284,11 @@ class JobController:
                 return score(problems, (s for batch in batches for s in batch), self.verifiers)
             for name in dead:
                 self.fleet.died(name)
-        raise RuntimeError("the held-out evaluation lost an instance three times in a row")
+            failures += 1
+            if retry.gives_up(failures):
+                raise RuntimeError(
+                    f"the held-out evaluation lost an instance {failures} times in a row (eval.retries)"
+                )
 
     def save_policy(self, out: Path) -> Path:
         """The latest published version as a checkpoint directory (`rlsched generate --checkpoint`),

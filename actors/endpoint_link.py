@@ -18,10 +18,12 @@ from pathlib import Path
 import ray
 
 from actors.fleet import Fleet
+from actors.verification import JobVerification
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
 from rlsched.model.checkpoint import inspect_checkpoint
 from rlsched.policy.routing import InstanceView, hold_back
+from rlsched.policy.verify import BatchId
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.task import JsonlProblem
 from rlsched.rl.update import TrainItem
@@ -73,6 +75,15 @@ class EndpointLink:
             )  # fmt: skip
             out.append((sample, JsonlProblem(j.episode_id, (), j.reference)))
         return out
+
+    def offer(self, verification: JobVerification, wave: int, batch: BatchId) -> tuple[tuple[str, int], ...]:
+        """Hand the episodes to judge to the verifiers as wave `wave`'s samples (batch `batch`); each
+        one's request id and oldest version, for the core's `Offered`."""
+        offered = []
+        for sample, problem in self.to_judge():
+            verification.arrived(sample, problem, wave, batch)
+            offered.append((str(sample.request_id), sample.oldest_version))
+        return tuple(offered)
 
     def reward(self, outcomes: dict[RequestId, Outcome]) -> dict[str, int]:
         """The verifiers' rewards for the offered episodes, sent to the endpoint (their outcomes leave

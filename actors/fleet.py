@@ -3,16 +3,14 @@ routing, joins, reloads, transient windows, reclaims with resume or restart, and
 acceptance. This module only turns Ray completions into the core's events and its effects into Ray
 calls:
 
-- `StartInstance` creates a `RolloutInstance` actor (in the job's placement group, or the cluster
-  part's), and with `weights.relay` starts its relay service; `StartPull` calls its `join`
-  (transfer, load, confirm of one version; `actors.rollout`) with its sources' relay addresses,
-  whose report or failure becomes `PullDone`; `KillInstance` is `ray.kill`.
+- `StartInstance`, `StartPull` and `KillInstance` go to the instances' actors (`actors.instances`):
+  a pull's report or failure becomes `PullDone`.
 - `Route` starts a streaming `generate` call; each sample it yields is `Arrived`, its end
   `StreamEnded`, and an actor that died under it `Reclaimed` (preempted).
 - `ReadSaved` and `CutSaved` go to the durable store (`rlsched.store.resumes`): what a reclaimed
   instance saved, and what each requeued request continues from. An `Accepted` sample is stitched
   with its saved log-probabilities and handed to the controller.
-- `Joined`, `Left` and a resumed `Accepted` become spans (`actors.fleet_spans`), `Note` a log line.
+- `Joined`, `Left` and a resumed `Accepted` become spans (`rlsched.rollout.spans`), `Note` a log line.
 
 With `record`, every event and the effects it returned are kept (`rlsched.core.trace`): replayed
 through the simulator (`rlsched.sim.replay`), they give the same decisions.
@@ -27,62 +25,24 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.demand import actor_options
-from actors.fleet_spans import preempt_span, pull_spans, resume_span
-from actors.rollout import JoinReport, RolloutInstance
+from actors.instances import Instances
 from actors.scale import ScaleCommand
 from actors.trainer import PublishedVersion
 from rlsched.config import JobConfig
-from rlsched.config_agent import PREFIX_CACHE_BLOCKS
-from rlsched.config_params import instance_bundle
+from rlsched.config_params import fleet_params, retries, swap_fallback
 from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore, FleetTrace
-from rlsched.engine.prefix_cache import BLOCK
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.lifecycle import Leave
-from rlsched.policy.resume import ResumeCost
-from rlsched.policy.versions import InflightUpdate, PipelineMode, swap_refusal
+from rlsched.policy.versions import PipelineMode
 from rlsched.rl.requests import group_of
+from rlsched.rollout.instance import JoinReport
+from rlsched.rollout.spans import preempt_span, pull_spans, resume_span
 from rlsched.store.partial import PartialStore
 from rlsched.store.resumes import Resumes
-
-
-def store_path(cfg: JobConfig, out_dir: Path | None) -> Path | None:
-    """Where the partial-output store lives: store.path, else partial.sqlite in the run's directory."""
-    if not cfg.store.enabled:
-        return None
-    return cfg.store.path or (out_dir or cfg.run.out_dir) / "partial.sqlite"
-
-
-def fleet_params(cfg: JobConfig) -> fx.FleetParams:
-    """The core's parameters from the job's config (transient windows named `transient-K`)."""
-    r, w = cfg.rollout, cfg.weights
-    windows = tuple(
-        fx.Window(
-            f"transient-{k}",
-            t.join_iteration,
-            t.join_at_s,
-            t.available_s,
-            t.reclaim_iteration,
-            t.reclaim_at_s,
-            t.leave,
-            (t.receiver_gbps or w.receiver_gbps or 0.0) * 1e9,
-        )
-        for k, t in enumerate(r.transient)
-    )
-    cost = ResumeCost(r.prefill_tokens_per_s, r.decode_tokens_per_s, r.resume_setup_s)
-    swap = swap_fallback(cfg) is None and r.inflight_update is InflightUpdate.SWAP
-    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows, w.relay_params(), swap)
-
-
-def swap_fallback(cfg: JobConfig) -> str | None:
-    """Why the job's instances cannot take a version in flight, where it asked them to (they finish
-    their running requests on the old version instead); None where they can, or it did not ask."""
-    return swap_refusal(cfg.rollout.inflight_update, str(cfg.engine.kind))
 
 
 class Fleet:
@@ -105,25 +65,17 @@ class Fleet:
         fallback = swap_fallback(cfg)
         if fallback is not None and cfg.schedule.mode is PipelineMode.ASYNC:
             log(fallback)
-        self.pg: Any = None  # the cluster scheduler's placement group for the static instances
+        self.instances = Instances(cfg, checkpoint, store_path, retries(cfg).weight_pull, log)
         self.latest: PublishedVersion | None = None
-        self.handles: dict[str, Any] = {}
-        self.ingress: dict[str, float] = {}
-        self.pulls: dict[str, Any] = {}  # instance -> its `join` call in flight
-        self._relay_refs: dict[str, Any] = {}  # instance -> its `start_relay` call, until first read
-        self.relays: dict[str, str] = {}  # instance -> its relay's address
-        self.streams: dict[str, Any] = {}  # instance -> its streaming `generate` call
         self.requests: dict[str, GenerationRequest] = {}  # this iteration's, by id
         self.join_reports: list[JoinReport] = []
         self.trace: FleetTrace | None = None
-        self._groups: dict[str, Any] = {}  # placement groups for instances about to start
         self.granted: set[str] = set()  # instances the cluster scheduler lent: never replaced
         self._reports: dict[str, JoinReport] = {}
         self._replies: list[fx.Event] = []
         self._sample: Sample | None = None  # the sample being fed, for its `Accepted`
         self._accepted: list[tuple[str, Sample]] = []
         self._reload_done = False
-        self._seeds = 0
         self._routed: dict[str, tuple[float, int]] = {}  # instance -> when its generate call began
 
     # -- feeding the core ----------------------------------------------------------------------------
@@ -154,11 +106,7 @@ class Fleet:
             case fx.StartInstance():
                 self._start(e)
             case fx.KillInstance():
-                self.pulls.pop(e.name, None)
-                self.streams.pop(e.name, None)
-                self.relays.pop(e.name, None)
-                self._relay_refs.pop(e.name, None)
-                ray.kill(self.handles[e.name])
+                self.instances.kill(e.name)
             case fx.ReadSaved():
                 self._replies.append(fx.SavedRead(self.clock(), e.name, self.resumes.read(e.requests)))
             case fx.CutSaved():
@@ -175,57 +123,19 @@ class Fleet:
     # -- effects -----------------------------------------------------------------------------------
 
     def _start(self, e: fx.StartInstance) -> None:
-        r = self.cfg.rollout
-        group = self._groups.pop(e.name, self.pg)
-        where = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group)} if group is not None else {}
-        self.handles[e.name] = RolloutInstance.options(**actor_options(instance_bundle(r)), **where).remote(
-            e.name,
-            self.checkpoint,
-            self.cfg.engine.max_batch,
-            self.cfg.engine.use_cache,
-            self.cfg.run.seed + self._seeds,
-            str(self.store_path) if self.store_path else None,
-            self.cfg.store.flush_s,
-            str(self.cfg.engine.kind),
-            str(self.cfg.engine.dtype),
-            self.cfg.weights.staged_load,
-            PREFIX_CACHE_BLOCKS * BLOCK if self.cfg.agent.enabled else 0,  # turns extend the last
-            str(r.swap_kv),
-            self.cfg.engine.batch_invariant,
-        )
-        self._seeds += 1
-        self.ingress[e.name] = e.ingress_bps
         relay = self.core.params.relay
-        if relay is not None:
-            self._relay_refs[e.name] = self.handles[e.name].start_relay.remote(relay.upload_bps)
-
-    def _relay_addresses(self, names: Sequence[str]) -> list[str]:
-        """The relay addresses of `names` (each started with its actor; one that failed is left out:
-        the pull goes on to the next source)."""
-        for name in names:
-            ref = self._relay_refs.pop(name, None)
-            if ref is None:
-                continue
-            try:
-                self.relays[name] = ray.get(ref, timeout=60)
-            except (ray.exceptions.RayError, TimeoutError) as err:
-                self.log(f"{name}'s relay is not available ({err}); its peers pull elsewhere")
-        return [self.relays[name] for name in names if name in self.relays]
+        self.instances.start(e.name, e.ingress_bps, relay.upload_bps if relay is not None else None)
 
     def _pull(self, e: fx.StartPull) -> None:
         assert self.latest is not None and self.latest.version == e.version
-        plane = str(self.cfg.weights.plane)
-        self.pulls[e.name] = self.handles[e.name].join.remote(
-            self.latest.address, e.version, self.ingress[e.name], plane, 2, self._relay_addresses(e.sources)
-        )
+        self.instances.pull(e.name, self.latest.address, e.version, e.sources)
 
     def _route(self, e: fx.Route) -> None:
         batch = [self.requests[rid] for rid in e.requests]
         for k, (rid, keep) in enumerate(zip(e.requests, e.resume, strict=True)):
             if keep:  # what the store kept for it (the core's cut, at most what was saved)
                 batch[k] = dataclasses.replace(batch[k], resume_ids=self.resumes.resume_ids(rid))
-        generate = self.handles[e.name].generate.options(num_returns="streaming")
-        self.streams[e.name] = generate.remote(batch, e.dispatch)
+        self.instances.generate(e.name, batch, e.dispatch)
         self._routed[e.name] = (self.clock(), len(batch))
 
     def _accept(self, e: fx.Accepted) -> None:
@@ -240,7 +150,7 @@ class Fleet:
         self.spans.extend(pull_spans(e, report))
         if e.why is fx.PullWhy.JOIN:
             self.join_reports.append(report)
-            self.log(report.line({addr: name for name, addr in self.relays.items()}))
+            self.log(report.line(self.instances.relay_names()))
 
     # -- what the controller asks ------------------------------------------------------------------
 
@@ -255,7 +165,7 @@ class Fleet:
     def add(self, name: str, pg: Any = None) -> None:
         """A static instance, or one the cluster scheduler granted (in its placement group)."""
         if pg is not None:
-            self._groups[name] = pg
+            self.instances.place(name, pg)
         self._feed(fx.Added(self.clock(), name, (self.cfg.weights.receiver_gbps or 0.0) * 1e9))
 
     def grant(self, name: str, pg: Any) -> None:
@@ -283,8 +193,13 @@ class Fleet:
     def serving(self) -> list[str]:
         return self.core.serving()
 
-    def serving_handles(self) -> list[Any]:
-        return [self.handles[name] for name in self.core.serving()]
+    @property
+    def handles(self) -> dict[str, Any]:
+        return self.instances.handles
+
+    @property
+    def pulls(self) -> dict[str, Any]:
+        return self.instances.pulls
 
     def serving_versions(self) -> dict[str, int]:
         return self.core.serving_versions()
@@ -317,27 +232,27 @@ class Fleet:
         return None if due is None else max(0.0, due - self.clock())
 
     def waitables(self) -> list[Any]:
-        return [*self.pulls.values(), *self.streams.values()]
+        return self.instances.waitables()
 
     def on_ready(self, ref: Any) -> list[tuple[str, Sample]]:
         """A join finished, or a stream produced a sample, ended or failed; returns the accepted
         samples with the instance that made each."""
-        name = next((n for n, r in self.pulls.items() if r is ref), None)
+        name = self.instances.pull_of(ref)
         if name is not None:
-            self._on_pull(name, self.pulls.pop(name))
+            self._on_pull(name, ref)
             return []
-        name = next((n for n, r in self.streams.items() if r is ref), None)
+        name = self.instances.stream_of(ref)
         if name is None:
             return []
         try:
             self._sample = ray.get(next(ref))
         except StopIteration:
-            del self.streams[name]
+            del self.instances.streams[name]
             self._batch_span(name)
             self._feed(fx.StreamEnded(self.clock(), name))
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
-            del self.streams[name]
+            del self.instances.streams[name]
             self.died(name)
             return []
         self._feed(fx.Arrived(self.clock(), name, self._sample.request_id))

@@ -31,53 +31,23 @@ or its wave's start (sync) to its own commit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from actors.arrivals import Arrival, Producer
-from actors.endpoint_link import EndpointLink
-from actors.fleet import Fleet
-from actors.interrupt import ctrl_c
-from actors.orders import Orders
-from actors.pool import step
-from actors.records import IterationRecord, record_of, unjudgeable
-from actors.trainer import PublishedVersion, TrainingGroup
-from actors.verification import JobVerification
-from rlsched.config import JobConfig
+from actors.job_port import Job
+from actors.waits import step
 from rlsched.config_params import pipeline_params, run_rules
 from rlsched.core import iteration as it
 from rlsched.core.pipeline import PipelineCore, PipelineTrace
-from rlsched.engine.protocol import RequestId, Sample
+from rlsched.engine.protocol import RequestId
+from rlsched.job.interrupt import ctrl_c
+from rlsched.job.records import IterationRecord, record_of, unjudgeable
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.versions import PipelineMode
-from rlsched.rl.grpo import LossStats
-from rlsched.rl.pending import JudgedGroup, PendingWork
+from rlsched.rl.pending import PendingWork, SampleBook
 from rlsched.rl.requests import group_of
 from rlsched.rl.update import skipped_note
 from verifiers.protocol import Outcome
-
-
-class Job(Protocol):
-    """The job's actors and bookkeeping the driver carries effects out on (`actors.controller`)."""
-
-    cfg: JobConfig
-    clock: Callable[[], float]
-    log: Callable[[str], None]
-    spans: list[Span]
-    attempt: int
-    fleet: Fleet
-    orders: Orders
-    verification: JobVerification
-    group: TrainingGroup
-    endpoint: EndpointLink | None
-
-    def publish(self, iteration: int, version: int) -> PublishedVersion: ...
-
-    def held(self, version: int) -> list[str]: ...
-
-    def reload_ended(self, failures_before: int, version: int) -> None: ...
-
-    def record_extra(self, stats: LossStats) -> dict[str, Any]: ...
 
 
 class IterationRun:
@@ -102,11 +72,10 @@ class IterationRun:
         )
         self.trace: PipelineTrace | None = None
         self._recording = False
-        self.samples: dict[RequestId, Sample] = {}
-        self.outcomes: dict[RequestId, Outcome] = {}
+        self.book = SampleBook()
+        self.samples, self.outcomes, self.wave_of = self.book.samples, self.book.outcomes, self.book.wave_of
         self.faulted: dict[RequestId, Outcome] = {}  # arrived judged, by no verifier
         self._faults_due: list[RequestId] = []  # ... that the core has asked to verify
-        self.wave_of: dict[str, int] = {}
         self.wave_start: dict[int, float] = {}
         self.records: dict[int, IterationRecord] = {}
         self.updating: tuple[it.Update, list[Any], dict[str, Any]] | None = None
@@ -130,14 +99,8 @@ class IterationRun:
         self._recording = True
 
     def _restore(self, pending: PendingWork) -> None:
-        core = self.core
-        for g in pending.groups:
-            for sample, outcome in zip(g.samples, g.outcomes, strict=True):
-                self.samples[sample.request_id] = sample
-                self.outcomes[sample.request_id] = outcome
-                self.wave_of[sample.request_id] = core.steps
-        versions = [{str(s.request_id): s.oldest_version for s in g.samples} for g in pending.groups]
-        core.restore(versions, self.c.clock(), pending.dropped_groups, pending.buffer_peak)
+        versions = self.book.restore(pending, self.core.steps)
+        self.core.restore(versions, self.c.clock(), pending.dropped_groups, pending.buffer_peak)
         if pending.groups or pending.problems:
             self.c.log(
                 f"{len(pending.groups)} judged group(s) the checkpoint held are back in the buffer; "
@@ -151,14 +114,7 @@ class IterationRun:
         held = list(self.held.request_ids) if self.held is not None else []
         chunks = [tuple(held[i : i + size]) for i in range(0, len(held), size)]
         chunks += [g.members for g in self.core.buffer]
-        groups = tuple(
-            JudgedGroup(
-                self.wave_of[rids[0]],
-                tuple(self.samples[RequestId(r)] for r in rids),
-                tuple(self.outcomes[RequestId(r)] for r in rids),
-            )
-            for rids in chunks
-        )
+        groups = self.book.judged(chunks)
         flying = {group_of(rid) for rid in self.core.groups}
         positions = sorted(position_of[g] for g in flying if g in position_of)
         return PendingWork(groups, tuple(positions), self.core.dropped_groups, self.core.buffer_peak)
@@ -313,16 +269,11 @@ class IterationRun:
     def _offer_episodes(self) -> None:
         """The endpoint's episodes ended with a reference and no reward join the wave that generates
         (`Offered`): the verifier pool judges their final answer like any sample."""
-        c = self.c
+        c, wave = self.c, self.core.iteration
         if c.endpoint is None or not self.core.takes_offers:
             return
-        wave = self.core.iteration
-        offered = []
-        for sample, problem in c.endpoint.to_judge():
-            c.verification.arrived(sample, problem, wave, self.core.batch_id(wave))
-            offered.append((str(sample.request_id), sample.oldest_version))
-        if offered:
-            self._feed(it.Offered(c.clock(), tuple(offered)))
+        if offered := c.endpoint.offer(c.verification, wave, self.core.batch_id(wave)):
+            self._feed(it.Offered(c.clock(), offered))
 
     def _drop(self, e: it.Dropped) -> None:
         self.c.log(f"{len(e.request_ids)} sample(s) left out: generated before v{e.oldest}, past the bound")
@@ -331,9 +282,7 @@ class IterationRun:
 
     def _forget(self, rid: RequestId) -> None:
         self.producer.forget(rid)
-        self.samples.pop(rid, None)
-        self.outcomes.pop(rid, None)
-        self.wave_of.pop(rid, None)
+        self.book.forget(rid)
 
     # -- training ------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Run an RL job on Ray: connect or start a cluster, check it can host the job, iterate, write outputs.
 
 Outputs in the run's directory: `commit.sqlite` (the commit log: each iteration's record, fsync'ed
-before the next starts, and the checkpoints; `actors.durability`), `checkpoints/` (the training
+before the next starts, and the checkpoints; `rlsched.job.durability`), `checkpoints/` (the training
 state every `checkpoint.every` iterations, at the end and when stopped), `metrics.jsonl` (the log's
 metrics rows: phase times, overlap, critical path, reward, pass rate, tokens/s, eval pass rate every
 k iterations), `timeline.json` (every span as a Chrome trace; open it in Perfetto) and `report.json`
@@ -13,82 +13,32 @@ Whatever happens, actors are ended, the placement group removed, and an embedded
 from __future__ import annotations
 
 import json
-import os
-import socket
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from actors.cluster import ClusterClient, JobStopped, find_scheduler
+from actors.cluster_client import ClusterClient, JobStopped, find_scheduler
 from actors.controller import JobController
-from actors.durability import JobLog, ResumePlan, checkpoint_root, plan_resume, span_words
-from actors.fleet import store_path
-from actors.interrupt import Terminated, ctrl_c
-from actors.records import IterationRecord, commit_record
-from actors.scale import open_inbox, record_job
-from rlsched.config import EngineKind, JobConfig
-from rlsched.config_params import embedded_resources, job_spec, run_rules, shortfall
+from actors.scale import open_inbox
+from rlsched.config import JobConfig
+from rlsched.config_params import job_spec, run_rules
 from rlsched.core.fleet import FleetTrace
-from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import TrainingFault, UserError
+from rlsched.job.durability import JobLog, ResumePlan, plan_resume, span_words
+from rlsched.job.interrupt import Terminated, ctrl_c
+from rlsched.job.preflight import check_capacity, preflight, probe_address
+from rlsched.job.records import commit_record
+from rlsched.job.registry import record_job
+from rlsched.job.report import JobReport, iteration_line, write_report
 from rlsched.metrics.plots import summary_png
 from rlsched.metrics.spans import chrome_trace, phase_times
 from rlsched.metrics.tracking import Tracking
-from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
-from rlsched.model.tokenizer import Tokenizer
-from rlsched.policy.versions import PipelineMode
-from rlsched.rl import agent as ag
 from rlsched.rl.evaluate import EvalResult
-from rlsched.rl.task import check_prompts
-from rlsched.rl.tasks import build_task
-from rlsched.store.partial import PartialStore, StoreError
 from rlsched.store.traces import save_trace
-
-
-@dataclass
-class JobReport:
-    before: EvalResult
-    after: EvalResult
-    iterations: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    @property
-    def gain_points(self) -> float:
-        return 100 * (self.after.pass_rate - self.before.pass_rate)
-
-
-def check_capacity(cfg: JobConfig, have: dict[str, float] | None = None) -> None:
-    """Refuse at once a job the cluster (`have`: the connected one's resources when not given) can
-    never host, naming each resource that falls short."""
-    short = shortfall(cfg, ray.cluster_resources() if have is None else have)
-    if short:
-        raise UserError(
-            "the cluster cannot host this job (" + "; ".join(short) + "). Lower trainer.ranks, "
-            "rollout.instances or verifier.workers (or their per-actor resources), raise "
-            "cluster.num_cpus / cluster.num_gpus for the embedded cluster, or add nodes"
-        )
-
-
-def _probe(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on an address nothing answers at: ray.init would retry for minutes."""
-    if address == "auto":
-        return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise UserError(f"--address {address!r} is not host:port (or 'auto', or ray://host:port)")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as err:
-        raise UserError(
-            f"cannot reach the Ray cluster at {address!r} ({err.strerror or err}); check the "
-            "head node's address and port and that the cluster is running"
-        ) from None
 
 
 def connect(cfg: JobConfig, address: str | None) -> bool:
@@ -97,7 +47,7 @@ def connect(cfg: JobConfig, address: str | None) -> bool:
         return False
     common: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
     if address:
-        _probe(address)
+        probe_address(address)
         try:
             ray.init(address=address, **common)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -117,16 +67,6 @@ def connect(cfg: JobConfig, address: str | None) -> bool:
     return True
 
 
-def iteration_line(rec: IterationRecord, times: dict[str, Any]) -> str:
-    ev = f"  eval {100 * rec.eval_pass_rate:5.1f}%" if rec.eval_pass_rate is not None else ""
-    return (
-        f"iter {rec.iteration:4d}  v{rec.version:<4d} reward {rec.reward_mean:.3f}  "
-        f"gen {times['t_generate']:5.2f}s  verify-exposed {times['t_verify_exposed']:5.2f}s  "
-        f"update {times['t_update']:5.2f}s  publish+load {times['t_publish'] + times['t_load']:5.2f}s  "
-        f"iter {times['t_iter']:5.2f}s  overlap {100 * times['overlap_fraction']:3.0f}%{ev}"
-    )
-
-
 def _open_inbox(job: str) -> Any:
     try:
         inbox = open_inbox(job)
@@ -136,76 +76,6 @@ def _open_inbox(job: str) -> Any:
             f"a job named {job!r} is already running on this cluster ({err}); give this one another --out"
         ) from None
     return inbox
-
-
-def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str | None:
-    """Check what can be checked before any Ray process starts: checkpoint, template and task load,
-    every prompt fits the model's context, the embedded cluster can host the job, the partial-output
-    store can be written, and the chosen engine can serve the checkpoint (vLLM installed, where this
-    Python runs the embedded cluster's instances). Returns a note for the user when some generations
-    will be cut short by the context."""
-    info = inspect_checkpoint(cfg.model.checkpoint)
-    tokenizer, template = load_prompting(cfg.model.checkpoint, cfg.model.template)
-    if cfg.agent.enabled:
-        check_agent(cfg, tokenizer)
-    if cfg.engine.kind is EngineKind.VLLM:
-        from rlsched.engine.vllm import check_checkpoint, check_vllm_installed
-
-        check_checkpoint(cfg.model.checkpoint or BASE_CHECKPOINT)  # what no install would fix comes first
-        if address is None:
-            check_vllm_installed()
-    task = build_task(cfg.task)
-    source = str(cfg.task.path or f"the {cfg.task.name} task")
-    room = check_prompts(task, tokenizer, template, info.context_length, cfg.sampling.max_tokens, source)
-    check_writable(cfg, out_dir)
-    if address is None:  # the embedded cluster's size is the config's: refused before Ray starts
-        check_capacity(cfg, embedded_resources(cfg))
-    path = store_path(cfg, out_dir)
-    if path is not None:
-        try:
-            PartialStore(path).close()
-        except StoreError as err:
-            raise UserError(str(err)) from None
-    return room.note()
-
-
-def check_agent(cfg: JobConfig, tokenizer: Tokenizer) -> None:
-    """What a multi-turn job (`agent.tools`) cannot be combined with on Ray, said before it starts."""
-    if cfg.schedule.mode is not PipelineMode.SYNC:
-        raise UserError("multi-turn episodes (agent.tools) run in schedule.mode sync; set it")
-    if cfg.engine.kind is not EngineKind.TORCH:
-        raise UserError("multi-turn episodes (agent.tools) run on the torch engine; set engine.kind torch")
-    if cfg.rollout.endpoint.enabled:
-        raise UserError(
-            "a job with agent.tools runs its own episodes; the OpenAI endpoint's agents are another job "
-            "(set rollout.endpoint.enabled false, or drop agent.tools)"
-        )
-    spec = ag.spec_of(cfg, SamplingParams())  # its tools' template and programs read now: said here
-    if spec.chat_template is not None:
-        tokenizer.hf.chat_template = spec.chat_template
-    ag.check_renders_tools(tokenizer, ag.environment_factory(cfg.agent)().tools)
-
-
-def check_writable(cfg: JobConfig, out_dir: Path) -> None:
-    """The run's directory, its checkpoints' and the upload location can be written: a job whose
-    commits or checkpoints would fail must not start."""
-    for where, what in (
-        (out_dir, "the run's directory (--out)"),
-        (checkpoint_root(cfg, out_dir), "checkpoint.dir"),
-        (cfg.checkpoint.upload_to, "checkpoint.upload_to"),
-    ):
-        if where is None:
-            continue
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-            probe = where / f".rlsched-write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as err:
-            raise UserError(
-                f"{what} {where} cannot be written ({err.strerror or err}); the job commits every "
-                "iteration there and would lose its record. Choose a writable directory"
-            ) from None
 
 
 Tick = Callable[[int, str], None]  # (iteration just committed, its one-line summary)
@@ -278,7 +148,7 @@ def run_job(
         client = register(cfg, out_dir.name, queue, priority, log, attempt)
         groups = client.wait_admitted(log) if client is not None else []
         if client is None:
-            check_capacity(cfg)
+            check_capacity(cfg, ray.cluster_resources())
         t0 = time.monotonic()
         inbox = _open_inbox(out_dir.name)
         # where `rlsched scale` finds this job's cluster
@@ -417,7 +287,7 @@ def _iterate_logged(
     controller.save_policy(out_dir / "checkpoint")
     log(f"held-out pass rate after:  {after}  ({100 * (after.pass_rate - before.pass_rate):+.1f} points)")
     report = JobReport(before, after, rows, time.monotonic() - start)
-    _write_report(out_dir, report, job_log, weights)
+    write_report(out_dir, report, job_log, weights)
     return report
 
 
@@ -460,39 +330,3 @@ def _fault_note(job_log: JobLog, out_dir: Path) -> str:
         f"the training group failed; {out_dir} keeps the committed iterations and {kept}: "
         f"rlsched run CONFIG --resume {out_dir} continues the run"
     )
-
-
-def _write_report(out_dir: Path, report: JobReport, job_log: JobLog, weights: dict[str, Any]) -> None:
-    figures = job_log.figures
-    iter_s = [r["t_iter"] for r in report.iterations[-len(figures.commit_s) :]] if figures.commit_s else []
-    durability = {
-        "commit_s_median": _median(figures.commit_s),
-        "commit_fraction_of_iteration": (
-            round(_median(figures.commit_s) / _median(iter_s), 5) if iter_s and _median(iter_s) else None
-        ),
-        "checkpoints": len(figures.save_s),
-        "checkpoint_save_s_median": _median(figures.save_s),
-        "checkpoint_bytes": figures.nbytes,
-        "upload_s_median": _median(figures.upload_s),
-        "durable_through": job_log.watermark(),
-        "recoveries": job_log.recoveries,
-        "recovery_s": [round(x, 2) for x in job_log.recovery_s],
-    }
-    (out_dir / "report.json").write_text(
-        json.dumps(
-            {
-                "before": asdict(report.before),
-                "after": asdict(report.after),
-                "gain_points": round(report.gain_points, 2),
-                "wall_s": round(report.wall_s, 2),
-                "iterations": len(report.iterations),
-                "durability": durability,
-                "weights": weights,
-            },
-            indent=1,
-        )
-    )
-
-
-def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 6) if values else 0.0

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from actors.cluster import ClusterClient, JobStopped
+from actors.cluster_client import ClusterClient, JobStopped
 from actors.fleet import Fleet
 
 

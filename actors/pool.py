@@ -23,7 +23,7 @@ With `trace` on, every event fed to the core is kept with the effects it returne
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -33,14 +33,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.demand import actor_options
 from actors.verifier import Heartbeat, Stage, VerifierWorker, WorkerProcess
+from actors.waits import step
 from rlsched.config import VerifierConfig
-from rlsched.config_params import worker_bundle
+from rlsched.config_params import pool_params, worker_bundle
 from rlsched.core import verify_pool_io as vx
 from rlsched.core.verify_pool import PoolTrace, VerifyPoolCore
 from rlsched.errors import UserError
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.estimate import RemainingTime
-from rlsched.policy.verify import BatchState, PendingVerification, TaskId, VerifyParams, WorkerId
+from rlsched.policy.verify import BatchState, PendingVerification, TaskId, WorkerId
 from verifiers.protocol import (
     UNIT_REWARDS,
     ExecutionFault,
@@ -69,19 +70,6 @@ class _Call:
     worker: WorkerId
     task_id: str = ""
     attempt: int = 0
-
-
-def pool_params(cfg: VerifierConfig, retries: int, gpu: bool) -> vx.PoolParams:
-    """The core's parameters from the job's `verifier` section."""
-    return vx.PoolParams(
-        VerifyParams(cfg.dispatch, preempt=cfg.preempt),
-        workers=cfg.gpu_workers if gpu else cfg.workers,
-        retries=retries,
-        timeouts=cfg.timeout.params(),
-        heartbeats=vx.Heartbeats(cfg.heartbeat_s, cfg.heartbeat_timeout_s),
-        grace_s=cfg.timeout.grace_s,
-        name="gpu-verifier" if gpu else "verifier",
-    )
 
 
 class VerifierPool:
@@ -340,29 +328,3 @@ class VerifierPool:
         for worker in self.workers.values():
             ray.kill(worker.handle)
         self.workers.clear()
-
-
-def step(
-    pools: Sequence[VerifierPool],
-    others: Iterable[Any] = (),
-    on_other: Callable[[Any], None] | None = None,
-    timeout_s: float = 0.5,
-) -> None:
-    """One turn of a loop that waits on verifier pools (and on `others`, e.g. generation streams):
-    block until something is done, a pool's next timer is due, or `timeout_s` passes; let each pool's
-    timers fire; then hand every finished call to its pool, and each finished one of `others` to
-    `on_other`, in the order Ray returns them."""
-    refs = [*others, *(ref for pool in pools for ref in pool.waitables())]
-    if not refs:
-        return
-    wait = min([timeout_s, *(pool.wait_s(timeout_s) for pool in pools)])
-    ray.wait(refs, num_returns=1, timeout=wait)
-    for pool in pools:
-        pool.watch()  # timeouts, heartbeats, overdue runs
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    for ref in ready:
-        owner = next((pool for pool in pools if pool.owns(ref)), None)
-        if owner is not None:
-            owner.on_ready(ref)
-        elif on_other is not None:
-            on_other(ref)

@@ -47,7 +47,7 @@ def _on_cluster(address: str) -> Iterator[str | None]:
 
 
 def _scheduler() -> Any:
-    from actors.cluster import find_scheduler
+    from actors.cluster_client import find_scheduler
 
     handle = find_scheduler()
     if handle is None:
@@ -58,7 +58,7 @@ def _scheduler() -> Any:
 
 
 def cmd_admin_start(args: argparse.Namespace) -> int:
-    from actors.cluster import find_scheduler, start_scheduler
+    from actors.cluster_client import find_scheduler, start_scheduler
     from rlsched.admin import admission_params, load_admin
 
     cfg = load_admin(args.file)
@@ -76,7 +76,7 @@ def cmd_admin_start(args: argparse.Namespace) -> int:
 
 
 def cmd_admin_stop(args: argparse.Namespace) -> int:
-    from actors.cluster import stop_scheduler
+    from actors.cluster_client import stop_scheduler
 
     with _on_cluster(args.address):
         stopped = stop_scheduler()

@@ -66,8 +66,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{cfg.grpo.steps} iterations or {cfg.grpo.time_budget_s:.0f} s); every {cfg.eval.every_steps} "
         f"iterations, the greedy pass rate on {cfg.eval.curve_size} held-out problems"
     )
-    from actors.cluster import JobStopped
-    from actors.interrupt import Terminated
+    from actors.cluster_client import JobStopped
+    from rlsched.job.interrupt import Terminated
 
     try:
         with _progress(cfg.grpo.steps) as tick:
@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace, out_dir: Path) -> int:
     """`rlsched run --requeue`: the job's attempts in child processes, as the scheduler requeues it."""
-    from actors.supervise import Supervisor
+    from rlsched.job.supervise import Supervisor
 
     if not args.queue:
         raise UserError(
@@ -311,7 +311,7 @@ def _serve_fleet(args: argparse.Namespace, cfg: EndpointConfig) -> int:
 
     import ray
 
-    from actors.endpoint import serve_fleet
+    from actors.endpoint_serve import serve_fleet
 
     console.print(f"starting an embedded Ray cluster and {args.instances} rollout instance(s)")
     ray.init(
@@ -384,10 +384,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         ScaleCommand,
         connect,
         inbox_name,
-        recorded,
-        recorded_jobs,
         running_jobs,
     )
+    from rlsched.job.registry import recorded, recorded_jobs
     from rlsched.policy.lifecycle import Leave
 
     if args.add < 0:

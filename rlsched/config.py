@@ -260,6 +260,9 @@ class GRPOConfig(Section):
 class EvalConfig(Section):
     every_steps: int = Field(25, ge=1, description="held-out eval every N steps (the learning curve)")
     curve_size: int = Field(256, ge=16, description="eval problems per curve point (before/after use all)")
+    retries: int = Field(
+        2, ge=0, description="reruns of an evaluation that lost an instance (on its replacement)"
+    )
 
 
 class PlacementStrategy(StrEnum):
@@ -480,6 +483,9 @@ class WeightsConfig(Section):
         True,
         description="load each tensor as its bytes are verified and swap the version in at once "
         "(torch engine); false: load after the whole file is in",
+    )
+    pull_retries: int = Field(
+        1, ge=0, description="pulls again of a version whose bytes or load an instance cannot confirm"
     )
 
     @model_validator(mode="after")

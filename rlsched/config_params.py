@@ -10,6 +10,9 @@ actors themselves (`actors.fleet`, `actors.pool`, through `actors.demand.actor_o
 iteration's cost rate (`training_devices`) all take their figures from here, so what a job is
 admitted for is what its actors ask Ray for.
 
+The fleet's and the verifier pool's (`fleet_params`, `pool_params`) and where the partial-output
+store lives (`store_path`).
+
 The iteration (`pipeline_params`): what the iteration's core is built with, by every driver of it
 (the Ray controller, `--local`), so that one YAML runs the same iteration under each, `overlap` and
 the cost rate included.
@@ -21,11 +24,20 @@ contract in pyproject.toml).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from rlsched.config import JobConfig, RolloutConfig, TrainerConfig, VerifierConfig
+from rlsched.core import fleet_io as fx
+from rlsched.core import verify_pool_io as vx
 from rlsched.core.cluster_io import JobSpec
 from rlsched.core.pipeline import PipelineParams
 from rlsched.policy.placement import Gang, Strategy, add
+from rlsched.policy.resume import ResumeCost
+from rlsched.policy.retry import RetryPolicy
 from rlsched.policy.run_rules import RunRules
+from rlsched.policy.verify import VerifyParams
+from rlsched.policy.versions import InflightUpdate, swap_refusal
 
 Bundle = dict[str, float]
 
@@ -111,3 +123,69 @@ def shortfall(cfg: JobConfig, have: Bundle) -> list[str]:
         for k, v in required_resources(cfg).items()
         if v > have.get(k, 0.0)
     ]
+
+
+def store_path(cfg: JobConfig, out_dir: Path | None) -> Path | None:
+    """Where the partial-output store lives: store.path, else partial.sqlite in the run's directory."""
+    if not cfg.store.enabled:
+        return None
+    return cfg.store.path or (out_dir or cfg.run.out_dir) / "partial.sqlite"
+
+
+def fleet_params(cfg: JobConfig) -> fx.FleetParams:
+    """The core's parameters from the job's config (transient windows named `transient-K`)."""
+    r, w = cfg.rollout, cfg.weights
+    windows = tuple(
+        fx.Window(
+            f"transient-{k}",
+            t.join_iteration,
+            t.join_at_s,
+            t.available_s,
+            t.reclaim_iteration,
+            t.reclaim_at_s,
+            t.leave,
+            (t.receiver_gbps or w.receiver_gbps or 0.0) * 1e9,
+        )
+        for k, t in enumerate(r.transient)
+    )
+    cost = ResumeCost(r.prefill_tokens_per_s, r.decode_tokens_per_s, r.resume_setup_s)
+    swap = swap_fallback(cfg) is None and r.inflight_update is InflightUpdate.SWAP
+    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows, w.relay_params(), swap)
+
+
+def swap_fallback(cfg: JobConfig) -> str | None:
+    """Why the job's instances cannot take a version in flight, where it asked them to (they finish
+    their running requests on the old version instead); None where they can, or it did not ask."""
+    return swap_refusal(cfg.rollout.inflight_update, str(cfg.engine.kind))
+
+
+def pool_params(cfg: VerifierConfig, retries: int, gpu: bool) -> vx.PoolParams:
+    """The core's parameters from the job's `verifier` section."""
+    return vx.PoolParams(
+        VerifyParams(cfg.dispatch, preempt=cfg.preempt),
+        workers=cfg.gpu_workers if gpu else cfg.workers,
+        retries=retries,
+        timeouts=cfg.timeout.params(),
+        heartbeats=vx.Heartbeats(cfg.heartbeat_s, cfg.heartbeat_timeout_s),
+        grace_s=cfg.timeout.grace_s,
+        name="gpu-verifier" if gpu else "verifier",
+    )
+
+
+@dataclass(frozen=True)
+class Retries:
+    """The retry policies of the drivers' kinds of work (`rlsched.policy.retry`); the verifier pool's
+    core and an episode's environments make theirs from `grpo.verify_retries` and `agent.env_retries`,
+    which reach them as counts."""
+
+    weight_pull: RetryPolicy
+    evaluation: RetryPolicy
+    recovery: RetryPolicy
+
+
+def retries(cfg: JobConfig) -> Retries:
+    return Retries(
+        weight_pull=RetryPolicy(cfg.weights.pull_retries),
+        evaluation=RetryPolicy(cfg.eval.retries),
+        recovery=RetryPolicy(cfg.checkpoint.max_recoveries),
+    )

@@ -253,7 +253,7 @@ def fleet(checkpoint: Path, clients: int, tokens: int, repeats: int, seed: int) 
     instance directly (`complete`, the job's path), in the same run."""
     import ray
 
-    from actors.endpoint import serve_fleet
+    from actors.endpoint_serve import serve_fleet
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

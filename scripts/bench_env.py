@@ -1,6 +1,6 @@
 """Agent environments on Ray, under each placement policy: real sandboxed environments that hold
 memory while idle and take about a model turn to prepare, scheduled by the environment core
-(`actors/envs.py`, `rlsched/core/envs.py`).
+(`rlsched/bench/envs.py`, `rlsched/core/envs.py`).
 
     .venv/bin/python scripts/bench_env.py [--episodes 12] [--concurrency 4] [--turn-s 1.5]
 
@@ -37,7 +37,7 @@ from _bench import parser, table, write
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.envs import EnvDriver, EnvHost, EnvKind, plan_episodes
+from rlsched.bench.envs import EnvDriver, EnvHost, EnvKind, plan_episodes
 from rlsched.core.envs import EnvParams, EnvType
 from rlsched.policy.environments import Capacity, EnvPolicy, prewarm_wait
 

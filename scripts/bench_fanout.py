@@ -132,7 +132,7 @@ def instance_main(
 ) -> None:  # fmt: skip
     import torch
 
-    from actors.rollout import Instance
+    from rlsched.rollout.instance import Instance
 
     torch.set_num_threads(1)
     inst = Instance(name, checkpoint, max_batch=8, use_cache=True, seed=0, stage=staged)

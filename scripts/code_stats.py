@@ -35,7 +35,6 @@ SCANNED = ("rlsched", "actors", "verifiers", "scripts")
 RULES = {
     "staleness": r"- [\w. ]*max_staleness",  # latest - max_staleness
     "warmup": r"step \+ 1 \) / warm",  # (step + 1) / warmup_steps
-    "verification retries": r"faults < [\w. ]*retries|attempt >= [\w. ]*verify_retries",
     "heartbeat loss": r"last_heard > [\w. ]*heartbeat_timeout_s|silent >= [\w. ]*timeout_s",
     "verification timeouts": r"\bTimeoutTable\(|\badaptive_timeout\(",
     "transient windows": r"[+>=] [\w. ]*available_s|after\([\w. ]*available_s",
@@ -46,6 +45,10 @@ RULES = {
     "eval cadence": r"% [\w. ]*(?:every_steps|eval_every) == 0",  # iteration % eval.every_steps == 0
     "checkpoint cadence": r"% (?:[\w.]*checkpoint[\w.]*|every) == 0",  # iteration % checkpoint.every == 0
     "checkpoint hold": r"\basked <= before|\btarget <= before",  # an update waits for the checkpoint
+    # whether another attempt follows a failure (rlsched/policy/retry.py): a count of failures against a
+    # retry limit, or a loop over the attempts (a fixed `range(3)` is not told from other loops)
+    "retries": r"[<>=]=? [\w. ]*(?:retries|max_recoveries|limit) (?:[:)]|and|or|$)"
+    r"|range\(\w*[\w., ]*(?:retries|attempts)",
 }
 
 

@@ -74,6 +74,7 @@ from rlsched.policy.lifecycle import (
     slot_transition,
     verify_transition,
 )
+from rlsched.policy.retry import RetryPolicy
 from rlsched.policy.timeouts import TimeoutTable
 from rlsched.policy.verify import (
     BatchId,
@@ -490,7 +491,8 @@ class VerifyPoolCore:
         task = run.task
         self._ended(run, at, w_start, type(outcome).__name__)
         faults = self.books.faults.get(task.task_id, 0)
-        if isinstance(outcome, ExecutionFault) and outcome.kind.retryable and faults < self.params.retries:
+        retry = RetryPolicy(self.params.retries)
+        if isinstance(outcome, ExecutionFault) and outcome.kind.retryable and not retry.gives_up(faults + 1):
             self.books.faults[task.task_id] = faults + 1
             self._requeue(run)
             return

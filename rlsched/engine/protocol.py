@@ -184,6 +184,8 @@ class WeightStage(Protocol):
 
 
 class RolloutEngine(Protocol):
+    max_batch: int  # sequences it generates at once
+
     @property
     def version(self) -> WeightVersion: ...
 

@@ -12,7 +12,7 @@ counts such failures).
 
 Both places that serve one request at a time use it: the endpoint's in-process backend
 (`rlsched.serve.backend.LocalEngine`, which hops each event onto its asyncio loop) and a rollout
-instance's streaming method (`actors.rollout`, which yields each event to the endpoint over Ray).
+instance's streaming method (`rlsched.rollout.instance`, which yields each event to the endpoint over Ray).
 """
 
 from __future__ import annotations

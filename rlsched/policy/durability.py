@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from rlsched.policy.retry import RetryPolicy
+
 
 class Upload(StrEnum):
     """Where a round's asynchronous upload stands."""
@@ -114,11 +116,6 @@ def resume_point(committed: Iterable[int], durable: int | None) -> ResumePoint:
 
 def requeue_delay(failures: int, base_s: float, max_s: float, limit: int | None) -> float | None:
     """Seconds a job waits after its `failures`-th failure before it may be admitted again: `base_s`,
-    doubling with each failure, at most `max_s` (Kueue's requeuing backoff, without its jitter: the
-    scheduler is one process, there is no herd to spread). None: the job failed more than `limit`
-    times and is parked until someone looks at it."""
-    if failures < 1:
-        raise ValueError(f"failures counts from 1, got {failures}")
-    if limit is not None and failures > limit:
-        return None
-    return min(max_s, base_s * 2.0 ** (failures - 1))
+    doubling with each failure, at most `max_s` (`rlsched.policy.retry`). None: the job failed more
+    than `limit` times and is parked until someone looks at it."""
+    return RetryPolicy(limit, base_s, max_s).after(failures)

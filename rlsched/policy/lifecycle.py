@@ -2,7 +2,7 @@
 
 A rollout instance: REQUESTED -> ALLOCATED -> TRANSFERRING -> LOADING -> CONFIRMING -> READY ->
 DRAINING -> RELEASED, and PREEMPTED from any live state. Only READY instances receive requests. Each
-new version goes READY -> TRANSFERRING again (pulled over the weight link, `actors.rollout`); a
+new version goes READY -> TRANSFERRING again (pulled over the weight link, `rlsched.rollout.instance`); a
 version that fails confirmation is pulled again, and an instance that cannot confirm one, or whose
 engine cannot start, is RELEASED without ever serving.
 

@@ -63,6 +63,7 @@ from rlsched.errors import UserError
 from rlsched.model.content import Rendered, render_shielded
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.environments import Capacity, EnvPolicy
+from rlsched.policy.retry import RetryPolicy
 from rlsched.rl.episode_runs import EpisodeRun
 from rlsched.rl.requests import request_seed, run_seed_for_requests
 from rlsched.rl.task import TaskProblem
@@ -72,6 +73,7 @@ from rlsched.store.round_journal import RoundJournal
 from verifiers.sandbox import sweep_orphans
 from verifiers.sandbox_types import SandboxPolicy
 
+ENV_RETRY = RetryPolicy(2)  # `agent.env_retries`' default
 UNLIMITED = Capacity(cores=1e9, slots=1e9, memory_gib=1e9)
 
 
@@ -163,7 +165,7 @@ class AgentRollout:
         make_env: EnvFactory,
         params: SamplingParams,
         limits: AgentLimits,
-        env_retries: int = 2,
+        env_retry: RetryPolicy = ENV_RETRY,
         run_seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         policy: EnvPolicy = EnvPolicy.RESIDENT,
@@ -173,7 +175,7 @@ class AgentRollout:
         committed round (None: episodes start afresh and nothing is kept)."""
         self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
         self.journal = journal
-        self.params, self.limits, self.env_retries = params, limits, env_retries
+        self.params, self.limits, self.env_retry = params, limits, env_retry
         self.run_seed, self.clock = run_seed, clock
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tools")
         self.lanes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tool-lanes")  # a turn's kinds
@@ -267,14 +269,18 @@ class AgentRollout:
 
     def _with_retries(self, run: EpisodeRun, act: Callable[[], Any]) -> Any:
         """`act` with the environment's faults retried; past the retries the episode is a fault."""
-        for attempt in range(self.env_retries + 1):
+        failures = 0
+        while True:
             try:
                 return act()
             except EnvironmentFault as err:
-                if attempt == self.env_retries:
+                failures += 1
+                wait = self.env_retry.after(failures)
+                if wait is None:
                     run.fault = str(err)
                     self._end(run, EndReason.ENV_FAULT)
-        return None
+                    return None
+                time.sleep(wait)
 
     # -- the loop of turns -----------------------------------------------------------------------
 
@@ -493,8 +499,8 @@ class AgentSpec:
         journal = RoundJournal(Path(self.journal)) if self.journal is not None else None
         a = self.agent
         return AgentRollout(
-            engine, tokenizer, make_env, self.params, AgentLimits.of(a), a.env_retries, self.run_seed,
-            policy=a.policy, journal=journal,
+            engine, tokenizer, make_env, self.params, AgentLimits.of(a), RetryPolicy(a.env_retries),
+            self.run_seed, policy=a.policy, journal=journal,
         )  # fmt: skip
 
 

@@ -1,14 +1,14 @@
-"""The single-process GRPO loop: generate, verify, update, publish, as numbered phases.
+"""The single-process GRPO loop (`rlsched run --local`): the iteration's one core (sync mode), driven
+in one process. The rollout engine holds its own copy of the weights and receives each new version as
+BF16 safetensors bytes, exactly as a remote instance does. Each iteration, as the core asks:
 
-This is what `rlsched run` drives until the Ray job exists, and what the Ray actors will wrap: the
-rollout engine holds its own copy of the weights and receives each new version as BF16 safetensors
-bytes, exactly as a remote instance will. Each iteration:
-
-1. `group_requests`   - `group_size` samples for each of `prompts_per_step` training prompts;
-2. `verify`           - each sample judged as it arrives; execution faults retried, never scored 0;
-3. `assemble`         - group-relative advantages over the judged samples;
-4. `update`           - one clipped policy-gradient step on the fp32 master weights;
-5. `publish`          - BF16 bytes of the new weights loaded into the engine as the next version.
+1. a wave of `prompts_per_step` problems goes out through the producer (`rlsched.rl.local_arrivals`):
+   `group_size` samples each, or episodes with the job's tools for a multi-turn job;
+2. each sample (or episode's final answer) is judged when the core says: at once, as it arrives;
+   execution faults retried, never scored 0;
+3. the batch the core names is assembled (group-relative advantages) and trained: one clipped
+   policy-gradient step per minibatch on the fp32 master weights;
+4. the BF16 bytes of the new weights are loaded into the engine as the next version.
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from rlsched.config_agent import PREFIX_CACHE_BLOCKS
 from rlsched.config_params import pipeline_params, run_rules
 from rlsched.core import iteration as it
 from rlsched.core.pipeline import PipelineCore
-from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, WeightVersion
+from rlsched.engine.protocol import WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
 from rlsched.rl import agent as ag
 from rlsched.rl import episode_runs as er
-from rlsched.rl.assemble import assemble
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.feed import ProblemFeed
 from rlsched.rl.grpo import LossStats
+from rlsched.rl.local_arrivals import Episodes, Producer, Samples
 from rlsched.rl.local_pool import LocalPool
-from rlsched.rl.requests import group_requests, run_seed_for_requests, sampling_params
+from rlsched.rl.requests import sampling_params
 from rlsched.rl.task import TaskProblem, check_prompts, verify_kind_key
 from rlsched.rl.tasks import build_task
 from rlsched.rl.update import (
@@ -144,6 +144,11 @@ class GRPOLoop:
         self.log = log
         self.sampling = sampling_params(cfg.sampling, self.template)
         self.agent = self._agent_rollout() if cfg.agent.enabled else None
+        self.producer: Producer = (
+            Episodes(cfg, self.agent, self.judge)
+            if self.agent is not None
+            else Samples(cfg, self.engine, self.template, self.sampling, self.judge)
+        )
         self.last_eval_episodes: dict[str, Any] | None = None  # the last agent evaluation's counts
 
     def _agent_rollout(self) -> ag.AgentRollout:
@@ -160,12 +165,9 @@ class GRPOLoop:
 
     # -- the iteration -----------------------------------------------------------------------
 
-    def verify(self, sample: Sample, problem: TaskProblem) -> Outcome:
-        """Judge one sample now, through the pool's core (`LocalPool`): a retryable execution
-        fault is retried up to `verify_retries` times, bad input is not."""
-        return self.judge(sample.request_id, sample.text, problem)
-
     def judge(self, request_id: str, text: str, problem: TaskProblem) -> Outcome:
+        """Judge one sample now, through the pool's core (`LocalPool`): a retryable execution fault is
+        retried up to `verify_retries` times, bad input is not."""
         verifier = self.verifier or self.verifiers.get(problem.verifier)
         kind, key = verify_kind_key(problem, self.cfg.verifier.kind)
         task = PendingVerification(
@@ -186,22 +188,6 @@ class GRPOLoop:
             else:
                 self.phases.ask(e)
         return verify
-
-    def generate_and_verify(
-        self, requests: list[GenerationRequest], references: dict[RequestId, TaskProblem]
-    ) -> tuple[dict[RequestId, Sample], dict[RequestId, Outcome]]:
-        samples: dict[RequestId, Sample] = {}
-        outcomes: dict[RequestId, Outcome] = {}
-        for sample in self.engine.generate(requests):  # each sample is judged the moment it exists
-            samples[sample.request_id] = sample
-            arrived = it.SampleArrived(time.monotonic(), sample.request_id, sample.oldest_version)
-            for verify in self._feed(arrived):
-                for rid in verify.request_ids:
-                    outcomes[RequestId(rid)] = self.verify(
-                        samples[RequestId(rid)], references[RequestId(rid)]
-                    )
-                    self._feed(it.Judged(time.monotonic(), rid))
-        return samples, outcomes
 
     def update(self, items: list[TrainItem], step: int) -> LossStats:
         """Iteration `step`'s optimizer steps, one per minibatch (`rlsched.rl.update.update_batch`)."""
@@ -224,34 +210,29 @@ class GRPOLoop:
         return loaded
 
     def step(self, step: int) -> StepRecord:
-        phase: dict[str, float] = {}
+        """One iteration, as the core asks for each phase: a wave of problems goes out, each sample
+        (or episode) is judged when the core says, the batch it names trains, and the new version is
+        published to the engine. Single-turn and multi-turn alike, through the producer."""
         t = time.monotonic()
         problems = [self.feed.next()[1] for _ in range(self.cfg.grpo.prompts_per_step)]
         iteration = self.phases.take(it.Generate).iteration  # the core's word that it may go out
-        if self.agent is not None:
-            return self._agent_step(step, iteration, problems)
-        requests, references = group_requests(  # 1
-            problems,
-            self.cfg.grpo.group_size,
-            str(iteration),  # as the Ray controller names its requests
-            self.ckpt.tokenizer,
-            self.template,
-            self.sampling,
-            run_seed_for_requests(self.cfg),
-        )
-        self._feed(it.Started(t, iteration, tuple(r.request_id for r in requests)))
-        samples, outcomes = self.generate_and_verify(requests, references)  # 2
-        phase["generate_verify"] = time.monotonic() - t
+        wave = self.producer.begin(problems, iteration, int(self.version))
+        self._feed(it.Started(t, iteration, wave.ids))
+        outcomes: dict[str, Outcome] = {}
+        for rid, oldest in wave.arrivals:
+            for verify in self._feed(it.SampleArrived(time.monotonic(), rid, oldest)):
+                for r in verify.request_ids:
+                    outcomes[r] = self.producer.judge(r)
+                    self._feed(it.Judged(time.monotonic(), r))
+        phase = {self.producer.phase: time.monotonic() - t}
         t = time.monotonic()
-        update = self.phases.take(it.Update)
-        ids = [RequestId(r) for r in update.request_ids]
-        batch = assemble(ids, samples, outcomes, self.cfg.grpo.group_size, update.oldest)  # 3
-        stats = self.update(batch.items, step) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)  # 4
+        batch = self.producer.batch(self.phases.take(it.Update), outcomes)
+        stats = self.update(batch.items, step) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)
         self._feed(it.Updated(time.monotonic()))
         phase["update"] = time.monotonic() - t
         t = time.monotonic()
         version = self.phases.take(it.Publish).version
-        self.publish(version)  # 5: the engine loads it in this process, so its reload is done too
+        self.publish(version)  # the engine loads it in this process, so its reload is done too
         self._feed(it.VersionPublished(time.monotonic(), version))
         self.phases.take(it.Reload)
         self._feed(it.Reloaded(time.monotonic()))
@@ -267,62 +248,8 @@ class GRPOLoop:
             clip_fraction=stats.clip_fraction,
             faults=batch.faults,
             skipped_steps=stats.skipped,
+            episodes=batch.episodes,
         )
-
-    def _agent_step(self, step: int, iteration: int, problems: list[TaskProblem]) -> StepRecord:
-        """One iteration of multi-turn episodes: each episode is one of the core's samples, judged on
-        its final answer; the update trains whole episodes, observations masked."""
-        assert self.agent is not None
-        t = time.monotonic()
-        runs = self.agent.run(problems, self.cfg.grpo.group_size, str(iteration))
-        by_id = {r.episode.id: r for r in runs}
-        self._feed(it.Started(t, iteration, tuple(by_id)))
-        outcomes: dict[str, Outcome] = {}
-        for run in runs:
-            oldest = min(run.episode.versions, default=int(self.version))
-            for verify in self._feed(it.SampleArrived(time.monotonic(), run.episode.id, oldest)):
-                for rid in verify.request_ids:
-                    outcomes[rid] = self._judge_episode(by_id[rid])
-                    self._feed(it.Judged(time.monotonic(), rid))
-        generated = time.monotonic() - t
-        t = time.monotonic()
-        self.phases.take(it.Update)
-        items = er.train_items(runs, self.cfg.agent.train_truncated)
-        stats = self.update(items, step) if items else LossStats(0.0, 0.0, 0.0, 1.0)
-        self._feed(it.Updated(time.monotonic()))
-        updated = time.monotonic() - t
-        t = time.monotonic()
-        version = self.phases.take(it.Publish).version
-        self.publish(version)
-        self._feed(it.VersionPublished(time.monotonic(), version))
-        self.phases.take(it.Reload)
-        self._feed(it.Reloaded(time.monotonic()))
-        self.phases.take(it.Committed)
-        rewards = [o.reward for o in outcomes.values() if isinstance(o, Verdict)]
-        summary = er.stats(runs)
-        return StepRecord(
-            step=step + 1,
-            version=int(self.version),
-            reward=sum(rewards) / max(len(rewards), 1),
-            phase_s={
-                "episodes": round(generated, 3),
-                "update": round(updated, 3),
-                "publish": round(time.monotonic() - t, 3),
-            },
-            loss=stats.loss,
-            clip_fraction=stats.clip_fraction,
-            faults=summary.faults,
-            skipped_steps=stats.skipped,
-            episodes=asdict(summary) | {"trained": len(items)},
-        )
-
-    def _judge_episode(self, run: er.EpisodeRun) -> Outcome:
-        """An episode's reward: its final answer judged (a fault is not judged: it is not trained)."""
-        if run.fault is not None:
-            return er.fault_outcome(run)
-        outcome = self.judge(run.episode.id, run.answer, run.problem)
-        run.episode.reward = outcome.reward if isinstance(outcome, Verdict) else None
-        return outcome
 
     # -- the run -----------------------------------------------------------------------------
 

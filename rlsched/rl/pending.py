@@ -18,7 +18,8 @@ zero after a recovery), and it draws the in-flight problems again before new one
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
@@ -104,3 +105,39 @@ def _outcome_of(d: dict[str, Any]) -> Outcome:
         return Verdict(**d["verdict"])
     fault = dict(d["fault"])
     return ExecutionFault(**(fault | {"kind": FaultKind(fault["kind"])}))
+
+
+@dataclass
+class SampleBook:
+    """What a driver holds of each sample until its step is committed or it is dropped: the sample,
+    its outcome once judged, and the wave that asked for it."""
+
+    samples: dict[RequestId, Sample] = field(default_factory=dict)
+    outcomes: dict[RequestId, Outcome] = field(default_factory=dict)
+    wave_of: dict[str, int] = field(default_factory=dict)
+
+    def forget(self, rid: RequestId) -> None:
+        self.samples.pop(rid, None)
+        self.outcomes.pop(rid, None)
+        self.wave_of.pop(rid, None)
+
+    def restore(self, pending: PendingWork, wave: int) -> list[dict[str, int]]:
+        """The judged groups a checkpoint held, back in the book as wave `wave`'s; each group's
+        samples with the oldest version of their tokens (what the core restores its buffer from)."""
+        for g in pending.groups:
+            for sample, outcome in zip(g.samples, g.outcomes, strict=True):
+                self.samples[sample.request_id] = sample
+                self.outcomes[sample.request_id] = outcome
+                self.wave_of[sample.request_id] = wave
+        return [{str(s.request_id): s.oldest_version for s in g.samples} for g in pending.groups]
+
+    def judged(self, groups: Iterable[Sequence[str]]) -> tuple[JudgedGroup, ...]:
+        """The judged groups of these request ids, each named by its first member's wave."""
+        return tuple(
+            JudgedGroup(
+                self.wave_of[rids[0]],
+                tuple(self.samples[RequestId(r)] for r in rids),
+                tuple(self.outcomes[RequestId(r)] for r in rids),
+            )
+            for rids in groups
+        )

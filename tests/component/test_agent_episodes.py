@@ -30,6 +30,7 @@ from rlsched.config_agent import AgentConfig
 from rlsched.engine.protocol import SamplingParams
 from rlsched.engine.torch_engine import TorchRolloutEngine
 from rlsched.model.checkpoint import load_checkpoint
+from rlsched.policy.retry import RetryPolicy
 from rlsched.rl import agent as ag
 from rlsched.rl import episode_runs as er
 from rlsched.rl.episodes import episode_batch
@@ -57,7 +58,14 @@ class Model:
         make = ag.environment_factory(cfg)
         limits = ag.AgentLimits.of(cfg)
         return ag.AgentRollout(
-            engine, self.tokenizer, make, params, limits, retries, policy=cfg.policy, journal=journal
+            engine,
+            self.tokenizer,
+            make,
+            params,
+            limits,
+            RetryPolicy(retries),
+            policy=cfg.policy,
+            journal=journal,
         )
 
 

@@ -150,10 +150,10 @@ def test_tool_environments_route_each_call_to_its_kind_and_act_on_one_kind_at_a_
 
 
 def test_an_episode_whose_files_could_not_be_kept_is_refused_a_rebuild_without_them() -> None:
-    """The Ray environment host (`actors/envs.py`, driven here without Ray): a work directory over
+    """The Ray environment host (`rlsched/bench/envs.py`, driven here without Ray): a work directory over
     the environment's size is not archived, and the episode's next environment is refused, naming
     why, instead of being built empty as if nothing had been lost."""
-    from actors.envs import EnvHostImpl, EnvKind
+    from rlsched.bench.envs import EnvHostImpl, EnvKind
     from verifiers.sandbox import capabilities
 
     if missing := capabilities().missing():

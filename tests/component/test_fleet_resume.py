@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from actors.fleet import fleet_params
 from rlsched.config import load_config
+from rlsched.config_params import fleet_params
 from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion

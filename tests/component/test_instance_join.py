@@ -13,10 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from actors.rollout import Instance, JoinFailed, NotReady
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
 from rlsched.model.checkpoint import checksum, load_checkpoint, to_bf16_bytes
 from rlsched.policy.lifecycle import InstanceState
+from rlsched.policy.retry import RetryPolicy
+from rlsched.rollout.instance import Instance, JoinFailed, NotReady
 from rlsched.store.partial import PartialStore
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer.service import WeightService
@@ -83,7 +84,7 @@ def test_a_version_or_checksum_mismatch_never_becomes_ready(
             svc.publish(v, blob)
         inst = instance()
         with pytest.raises(JoinFailed, match=problem):
-            inst.join(svc.address, 1, attempts=2)
+            inst.join(svc.address, 1, retry=RetryPolicy(1))
         assert inst.state is InstanceState.RELEASED
         with pytest.raises(NotReady):
             list(inst.generate([GenerationRequest(RequestId("x"), (1, 2, 3))]))

@@ -8,11 +8,11 @@ import threading
 import pytest
 import torch
 
-from actors.rollout import Instance
 from rlsched.engine.protocol import WeightVersion
 from rlsched.engine.staging import ModelStage, StagingError, stream_into, tensor_of
 from rlsched.model.checkpoint import checksum, load_checkpoint, published_state, to_bf16_bytes
 from rlsched.policy.lifecycle import InstanceState
+from rlsched.rollout.instance import Instance
 from rlsched.transfer.manifest import Assembly, build_manifest
 from rlsched.transfer.service import WeightService
 

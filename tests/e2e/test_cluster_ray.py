@@ -31,7 +31,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.cluster import NAMESPACE, JobSpec, find_scheduler
+    from actors.cluster import NAMESPACE, JobSpec
+    from actors.cluster_client import find_scheduler
     from actors.scale import inbox_name
     from rlsched.policy.placement import Gang, Strategy
 

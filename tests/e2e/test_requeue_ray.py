@@ -61,7 +61,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.cluster import NAMESPACE, find_scheduler
+    from actors.cluster import NAMESPACE
+    from actors.cluster_client import find_scheduler
 
     root = tmp_path_factory.mktemp("requeue")
     admin = root / "admin.yaml"

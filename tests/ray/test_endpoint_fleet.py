@@ -20,7 +20,7 @@ import ray
 import torch
 from openai import OpenAI
 
-from actors.endpoint import FleetServer, serve_fleet
+from actors.endpoint_serve import FleetServer, serve_fleet
 from rlsched.config import EndpointConfig
 from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
 from rlsched.policy.routing import InstanceView, hold_back
@@ -236,8 +236,9 @@ def test_a_job_started_again_after_a_crash_takes_back_its_endpoints_episodes(
     endpoint killed with the job), the resumed job's endpoint takes back the open episode, which the
     agent continues by its id as if nothing had happened, and the rewarded episode iteration 1 had
     taken: no checkpoint held iteration 1, so it runs again and trains on it again."""
-    from actors.controller import JobController, Start
+    from actors.controller import JobController
     from rlsched.config import load_config
+    from rlsched.job.durability import Start
 
     cfg = load_config(
         None,

@@ -1,4 +1,4 @@
-"""The environment core driven on Ray (`actors/envs.py`): real sandboxed environments holding memory,
+"""The environment core driven on Ray (`rlsched/bench/envs.py`): real sandboxed environments holding memory,
 prepared, released and cancelled as each policy says, with the episode's files kept across rebuilds
 and nothing left after the run."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import ray
 
-from actors.envs import EnvDriver, EnvHost, EnvKind, EpisodePlan
+from rlsched.bench.envs import EnvDriver, EnvHost, EnvKind, EpisodePlan
 from rlsched.core.envs import EnvParams, EnvType
 from rlsched.policy.environments import Capacity, EnvPolicy
 

@@ -9,10 +9,10 @@ import ray
 from ray.util import placement_group_table
 
 from actors.controller import JobController
-from actors.records import IterationRecord
 from actors.trainer import reserve_gang
 from rlsched.config import JobConfig, load_config
 from rlsched.errors import UserError
+from rlsched.job.records import IterationRecord
 from rlsched.metrics.spans import SpanKind
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]

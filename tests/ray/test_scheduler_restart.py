@@ -15,7 +15,8 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from actors.cluster import JobSpec, start_scheduler, stop_scheduler
+from actors.cluster import JobSpec
+from actors.cluster_client import start_scheduler, stop_scheduler
 from rlsched.admin import admission_params, load_admin
 from rlsched.policy.placement import Gang
 from tests.helpers import ONE_NODE_ADMIN

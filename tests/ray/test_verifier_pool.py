@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.pool import VerifierPool, step
+from actors.pool import VerifierPool
+from actors.waits import step
 from rlsched.config import TimeoutConfig, VerifierConfig
 from rlsched.metrics.spans import Span
 from rlsched.policy.estimate import RemainingTime

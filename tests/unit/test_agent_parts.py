@@ -71,7 +71,7 @@ def test_the_agent_section_is_checked_when_the_job_is_loaded() -> None:
 
 
 def test_the_ray_runtime_refuses_what_a_multi_turn_job_cannot_run_with_the_fix(tmp_path: Path) -> None:
-    from actors.job import preflight
+    from rlsched.job.preflight import preflight
 
     cases = [
         ({"schedule": {"mode": "async"}, "rollout": {"max_staleness": 1}}, "run in schedule.mode sync"),

@@ -63,7 +63,7 @@ def test_async_with_local_exits_2_with_the_fix() -> None:
 def test_in_flight_swaps_reach_the_fleet_core_only_where_the_engine_can_swap(
     settings: list[str], swaps: bool, fallback: str | None
 ) -> None:
-    from actors.fleet import fleet_params, swap_fallback
+    from rlsched.config_params import fleet_params, swap_fallback
 
     cfg = load_config(QUICKSTART, ["schedule.mode=async", "rollout.max_staleness=1", *settings])
     assert fleet_params(cfg).swap_in_flight is swaps

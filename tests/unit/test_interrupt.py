@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from actors.interrupt import CtrlC
+from rlsched.job.interrupt import CtrlC
 
 
 def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_check_and_the_handler_is_restored() -> None:

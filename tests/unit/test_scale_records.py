@@ -1,4 +1,4 @@
-"""Where `rlsched scale` finds a job (`actors/scale.py`): the job's driver records its cluster under
+"""Where `rlsched scale` finds a job (`rlsched/job/registry.py`): the job's driver records its cluster under
 Ray's temporary root; a record whose driver is gone, or another driver's, is not taken."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.scale import jobs_dir, record_job, recorded, recorded_jobs
 from rlsched.cli_commands import send_ray_token_if_present
+from rlsched.job.registry import jobs_dir, record_job, recorded, recorded_jobs
 
 
 @pytest.fixture(autouse=True)

@@ -26,11 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from actors.controller import JobController, Start
 from rlsched.config import JobConfig
-from rlsched.config_params import run_rules
+from rlsched.config_params import retries, run_rules
 from rlsched.errors import TrainingFault, UserError
 from rlsched.model.checkpoint import architecture_fingerprint
 from rlsched.policy.durability import (
@@ -53,6 +52,38 @@ from rlsched.store.commit_log import (
 )
 
 META = "meta.json"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the controller begins: a new job, or a resumed one after `iteration`, with the training
+    state in `state` (a checkpoint directory; None: the model as loaded), at weight version `version`
+    and data position `cursor` (training problems already drawn); a pipelined job's work held beside
+    that checkpoint in `pending`; `attempt`: the run's number (1, then one more per resume)."""
+
+    iteration: int = 0
+    version: int = 0
+    cursor: int = 0
+    state: Path | None = None
+    pending: PendingWork | None = None
+    attempt: int = 1
+
+
+class JobController(Protocol):
+    """What the log asks of the job's controller (`actors.controller.JobController`) to commit,
+    checkpoint and recover an iteration."""
+
+    consumed: list[tuple[str, str]]
+    group: Any
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def cursor(self) -> int: ...
+    def save_policy(self, out: Path) -> Path: ...
+    def pending_work(self) -> PendingWork | None: ...
+    def episodes_checkpointed(self, iteration: int) -> None: ...
+    def restart_training(self, start: Start) -> int: ...
 
 
 def log_path(out_dir: Path) -> Path:
@@ -317,7 +348,7 @@ class JobLog:
         verifies, move the iterations committed after it aside as redone, and return the iteration
         the run continues after. Past `checkpoint.max_recoveries` the fault stops the run."""
         self.recoveries += 1
-        if self.recoveries > self.cfg.checkpoint.max_recoveries:
+        if retries(self.cfg).recovery.gives_up(self.recoveries):
             raise fault
         started = time.monotonic()
         point, start, _ = restart_from(self.commits, self.commits.entries())

@@ -100,7 +100,8 @@ class Supervisor:
 
         import ray
 
-        from actors.cluster import NAMESPACE, find_scheduler
+        from actors.cluster import NAMESPACE
+        from actors.cluster_client import find_scheduler
 
         ray.init(
             address=self.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING

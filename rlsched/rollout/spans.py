@@ -9,9 +9,9 @@ them out.
 
 from __future__ import annotations
 
-from actors.rollout import JoinReport
 from rlsched.core.fleet_io import Joined, Left, PullWhy, Resumption
 from rlsched.metrics.spans import Span, SpanKind
+from rlsched.rollout.instance import JoinReport
 from rlsched.store.resumes import Stitched
 
 

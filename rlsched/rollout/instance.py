@@ -1,0 +1,576 @@
+"""Rollout instances: each holds a rollout engine, follows the instance lifecycle, takes its weights
+over the weight link, and streams every finished sample back the moment it exists.
+
+Joining (and taking each new version): ALLOCATED/READY -> TRANSFERRING (pull the version from the
+trainer's weight service, every chunk verified) -> LOADING (the engine takes the tensors) ->
+CONFIRMING (the engine's checksum of what it loaded against the published SHA-256, and the version
+against the one asked for) -> READY. Each step is a span in the returned `JoinReport`. A mismatch
+never reaches READY: the instance pulls again as its retry policy says (`weights.pull_retries`,
+`rlsched.policy.retry`), then gives up (RELEASED) with `JoinFailed`. Requests sent to an instance
+that is not READY are refused (`NotReady`).
+
+While it generates, the instance saves each running request's new tokens to the durable store
+every `flush_s` (`rlsched.store`), under the attempt the controller gave it; a reclaimed instance's
+requests then resume elsewhere from what was saved. A store that fails mid-run is logged once and
+generation goes on (the requests would restart instead of resuming).
+
+`Instance` is a plain class (component tests and the weight benchmark drive it without Ray);
+`actors.rollout.RolloutInstance` is its actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from rlsched.config import EngineKind
+from rlsched.engine.prefix_cache import BLOCK
+from rlsched.engine.protocol import (
+    GenerationRequest,
+    Partial,
+    RequestId,
+    RolloutEngine,
+    Sample,
+    SamplingParams,
+    WeightStage,
+    WeightVersion,
+)
+from rlsched.engine.staging import StagingError, stream_into
+from rlsched.engine.stream_server import Event, StreamServer, Withdrawn
+from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
+from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
+from rlsched.policy.lifecycle import InstanceState, transition
+from rlsched.policy.retry import RetryPolicy
+from rlsched.policy.versions import SwapKV
+from rlsched.rl.agent import AgentRollout, AgentSpec
+from rlsched.rl.episode_runs import EpisodeRun
+from rlsched.rl.task import TaskProblem
+from rlsched.store.partial import Chunk, PartialStore, StoreError
+from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
+from rlsched.transfer.manifest import LATEST, Assembly, Buffer, blank, prefaulted
+from rlsched.transfer.plane import Plane
+from rlsched.transfer.service import WeightService
+
+log = logging.getLogger(__name__)
+
+PULL_RETRY = RetryPolicy(1)  # `weights.pull_retries`' default: one pull more
+RELAY_AWAIT_S = 10.0  # a peer that asks this instance's relay for a version it has not begun waits
+
+
+class NotReady(RuntimeError):
+    """Requests sent to an instance that is not READY: a controller bug, never silently served."""
+
+
+class NotServing(RuntimeError):
+    """The instance's engine cannot serve the endpoint's streams."""
+
+
+class JoinFailed(RuntimeError):
+    """The instance could not take a version it could confirm; it never served it."""
+
+
+@dataclass(frozen=True)
+class JoinReport:
+    instance: str
+    version: int
+    transfer: tuple[float, float]  # monotonic start and end on the instance's node
+    load: tuple[float, float]
+    confirm: tuple[float, float]
+    nbytes: int
+    streams: int
+    broken: int
+    corrupt: int
+    attempts: int  # pulls it took to confirm (1 unless a mismatch forced another)
+    staged: bool = False  # loaded tensor by tensor while the bytes arrived (load: the rest, swap)
+    sources: tuple[str, ...] = ()  # the services (relays, then the origin) that delivered bytes
+    relayed: bool = False  # a peer delivered some of it
+
+    @property
+    def transfer_s(self) -> float:
+        return self.transfer[1] - self.transfer[0]
+
+    @property
+    def gbps(self) -> float:
+        return 8.0 * self.nbytes / max(self.transfer_s, 1e-9) / 1e9
+
+    def line(self, names: dict[str, str] | None = None) -> str:
+        """One log line; `names` labels the services that delivered (address -> name; the trainer
+        if not named)."""
+        load_s = self.load[1] - self.load[0]
+        confirm_s = self.confirm[1] - self.confirm[0]
+        label = names or {}
+        sources = " then ".join(label.get(s, "the trainer") for s in self.sources)
+        return (
+            f"{self.instance} joined at v{self.version}: transfer {self.transfer_s:.2f} s "
+            f"({self.nbytes / 1e6:.1f} MB at {self.gbps:.3f} Gbit/s, {self.streams} stream(s)"
+            f"{', from ' + sources if self.relayed else ''}), "
+            f"load {load_s:.3f} s{' after staging while it arrived' if self.staged else ''}, "
+            f"confirm {confirm_s:.3f} s"
+        )
+
+
+def _torch_engine(
+    path: Path | None,
+    max_batch: int,
+    use_cache: bool,
+    seed: int,
+    dtype: str,
+    prefix_cache_tokens: int,
+    swap_kv: SwapKV = SwapKV.RECOMPUTE,
+    batch_invariant: bool = False,
+) -> RolloutEngine:
+    ckpt = load_checkpoint(path, dtype=engine_dtype(dtype))
+    return TorchRolloutEngine(
+        ckpt.model, ckpt.tokenizer, max_batch=max_batch, use_cache=use_cache, seed=seed,
+        prefix_cache_blocks=-(-prefix_cache_tokens // BLOCK), swap_kv=swap_kv,
+        batch_invariant=batch_invariant,
+    )  # fmt: skip
+
+
+def _vllm_engine(path: Path | None, max_batch: int, seed: int) -> RolloutEngine:
+    from rlsched.engine.vllm import VllmRolloutEngine  # vLLM is optional: imported only when chosen
+
+    return VllmRolloutEngine(path or BASE_CHECKPOINT, max_batch=max_batch, seed=seed)
+
+
+class Instance:
+    def __init__(
+        self,
+        instance_id: str,
+        checkpoint: str | None,
+        max_batch: int,
+        use_cache: bool,
+        seed: int,
+        store_path: str | None = None,
+        flush_s: float = 0.25,
+        engine: str = "torch",
+        dtype: str = "auto",
+        stage: bool = True,
+        prefix_cache_tokens: int = 0,
+        swap_kv: str = "recompute",
+        batch_invariant: bool = False,
+    ) -> None:
+        """`stage`: load each version while it arrives where the engine can (False: after the whole
+        file is in, the sequential baseline). `prefix_cache_tokens`: keys and values a torch engine
+        keeps for requests that share a prefix (the endpoint's multi-turn episodes); 0: none.
+        `swap_kv`: a version swapped in under running requests recomputes their keys and values, or
+        keeps them (`rlsched.policy.versions.SwapKV`). `batch_invariant`: the torch engine's
+        `engine.batch_invariant`."""
+        torch.set_num_threads(1)
+        self.instance_id = instance_id
+        self.state = transition(InstanceState.REQUESTED, InstanceState.ALLOCATED)
+        path = Path(checkpoint) if checkpoint else None
+        self.unavailable: str | None = None  # why the engine could not start: `join` reports it
+        try:
+            self.engine: RolloutEngine = (
+                _vllm_engine(path, max_batch, seed)
+                if EngineKind(engine) is EngineKind.VLLM
+                else _torch_engine(
+                    path,
+                    max_batch,
+                    use_cache,
+                    seed,
+                    dtype,
+                    prefix_cache_tokens,
+                    SwapKV(swap_kv),
+                    batch_invariant,
+                )
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. no vLLM on this node; a typed JoinFailed later
+            self.unavailable = f"cannot start its {engine} engine: {err}"
+        self.store = PartialStore(Path(store_path)) if store_path else None
+        self.stage = stage
+        self.flush_s = flush_s
+        self._buffer: Buffer | None = None  # reused from one version to the next
+        self.relay: WeightService | None = None  # serves what it pulls to peers (`start_relay`)
+        self._spare: _Spare | None = None  # the next pull's buffer, where each version needs its own
+        self._attempt = 0
+        self.store_failures = 0
+        self._streams: StreamServer | None = None  # the endpoint's requests, made on the first
+        self._streams_lock = threading.Lock()
+        self._agent: AgentRollout | None = None  # a multi-turn job's episodes, made on the first
+        self._prepare_spare(background=False)  # part of starting: the first pull finds it made
+
+    def _to(self, target: InstanceState) -> None:
+        self.state = transition(self.state, target)
+
+    # -- weights --------------------------------------------------------------------------------
+    def start_relay(self, upload_bps: float = 0.0) -> str:
+        """Serve every version this instance pulls to the peers the fleet points at it, at most at
+        `upload_bps` (0: unshaped); returns the relay's address. Idempotent."""
+        if self.relay is None:
+            self.relay = WeightService(egress_bps=upload_bps or None, keep=1, await_newer_s=RELAY_AWAIT_S)
+            self._prepare_spare()
+        return self.relay.address
+
+    def _fresh(self) -> bool:
+        """Whether each version needs a buffer of its own: a staged torch engine keeps the bytes as
+        its weights, and a relay's peers may still be reading the last version's."""
+        return self.relay is not None or (self.stage and isinstance(self.engine, TorchRolloutEngine))
+
+    def _prepare_spare(self, nbytes: int | None = None, background: bool = True) -> None:
+        """Make the next pull's buffer ahead, on a thread while the instance is idle or generating
+        (`nbytes`: the last version's size; first, the size a version of the engine's model has)."""
+        if self._spare is not None or self.unavailable is not None or not self._fresh():
+            return
+        if nbytes is None and isinstance(self.engine, TorchRolloutEngine):
+            nbytes = published_nbytes(self.engine.model)
+        if nbytes:
+            self._spare = _Spare(nbytes, self._allocate, background)
+
+    def join(
+        self,
+        address: str,
+        version: int,
+        ingress_bps: float = 0.0,
+        plane: str = "tcp",
+        retry: RetryPolicy = PULL_RETRY,
+        relays: Sequence[str] = (),
+    ) -> JoinReport:
+        """Take `version` (or a newer one, if it is gone) from the weight service at `address`, from
+        the peers in `relays` first; READY only once it is confirmed. An engine that stages (the
+        torch engine) loads each tensor as its bytes are verified and swaps the version in at once."""
+        if self.unavailable is not None:
+            self._to(InstanceState.RELEASED)
+            raise JoinFailed(f"{self.instance_id}: {self.unavailable}")
+        if self.relay is not None:
+            self.relay.expect(version)  # a peer behind it may ask before its own pull begins
+        failures = 0
+        while True:
+            self._to(InstanceState.TRANSFERRING)
+            t0 = time.monotonic()
+            staged = _StagedLoad(self.engine if self.stage else None)
+            try:
+                stats, buffer, published, version = self._pull(
+                    address, version, ingress_bps, Plane(plane), relays, staged.begin
+                )
+            except JoinFailed:
+                staged.cancel()
+                raise
+            t1 = time.monotonic()
+            self._to(InstanceState.LOADING)
+            loaded = self._load(staged, buffer, version, stats.confirmed)
+            t2 = time.monotonic()
+            self._to(InstanceState.CONFIRMING)
+            problem = self._mismatch(stats, published, loaded, version)
+            t3 = time.monotonic()
+            if problem is None:
+                self._to(InstanceState.READY)
+                self._prepare_spare(stats.nbytes)
+                return JoinReport(
+                    self.instance_id, version, (t0, t1), (t1, t2), (t2, t3), stats.nbytes, stats.streams,
+                    stats.broken, stats.corrupt, failures + 1, staged.staged, stats.sources,
+                    any(src != address for src in stats.sources),
+                )  # fmt: skip
+            failures += 1
+            wait = retry.after(failures)
+            log.warning("%s: %s (pull %d of %s)", self.instance_id, problem, failures, retry.attempts)
+            if wait is None:
+                break
+            time.sleep(wait)
+        self._to(InstanceState.RELEASED)
+        raise JoinFailed(
+            f"{self.instance_id}: gave up on version {version} after {failures} pulls: {problem}"
+        )
+
+    def _load(self, staged: _StagedLoad, buffer: Buffer, version: int, confirmed: bool) -> str | StagingError:
+        """The checksum of what the engine now holds: the staged copy swapped in (only if the pull
+        confirmed the whole version), or the whole buffer loaded at once; why a staged version
+        could not be swapped in, as a value."""
+        if staged.staged:
+            if not confirmed:  # `_mismatch` reports the pull; nothing is swapped in
+                staged.cancel()
+                return StagingError("the pull did not confirm")
+            try:
+                return staged.commit()
+            except StagingError as err:
+                return err
+        return self.engine.load_weights(buffer, WeightVersion(version))
+
+    def _pull(
+        self,
+        address: str,
+        version: int,
+        ingress_bps: float,
+        plane: Plane,
+        relays: Sequence[str],
+        on_assembly: Callable[[Assembly], None],
+    ) -> tuple[PullStats, Buffer, str, int]:
+        """Pull `version`; if the service no longer holds it (the instance took longer to start than
+        the service keeps versions, as a vLLM engine may), the newest it holds instead. Returns the
+        version finally asked for with what came back."""
+
+        def began(assembly: Assembly) -> None:
+            if self.relay is not None:
+                self.relay.relay(assembly)
+            on_assembly(assembly)
+
+        buffer = self._take_spare() if self._fresh() else self._buffer
+        try:
+            with WeightClient(address) as client:
+                pull = partial(
+                    client.pull, receiver=self.instance_id, ingress_bps=ingress_bps, plane=plane,
+                    buffer=buffer, relays=relays, on_assembly=began, allocate=self._allocate,
+                )  # fmt: skip
+                try:
+                    pulled = pull(version)
+                except VersionNotFound:
+                    newest = client.manifest(LATEST).version
+                    if newest <= version:
+                        raise
+                    log.info("%s: version %d is gone; taking %d", self.instance_id, version, newest)
+                    pulled, version = pull(newest), newest
+        except (VersionNotFound, TransferFailed) as err:
+            self._to(InstanceState.RELEASED)
+            raise JoinFailed(f"{self.instance_id}: cannot take version {version}: {err}") from None
+        self._buffer = pulled.assembly.buffer
+        return pulled.stats, pulled.assembly.buffer, pulled.assembly.manifest.sha256, version
+
+    def _allocate(self, nbytes: int) -> Buffer:
+        """A buffer to pull into: the engine's own where it loads from one without a copy (unless
+        it cannot make one, say /dev/shm is too small: then a private one, and the load copies)."""
+        try:
+            own = self.engine.pull_buffer(nbytes) if nbytes else None
+        except OSError as err:
+            log.warning(
+                "%s: no pull buffer from the engine (%s); pulling into private memory", self.instance_id, err
+            )
+            own = None
+        return own if own is not None else blank(nbytes)
+
+    def _take_spare(self) -> Buffer | None:
+        spare, self._spare = self._spare, None
+        return spare.take() if spare is not None else None
+
+    @staticmethod
+    def _mismatch(stats: PullStats, published: str, loaded: str | StagingError, version: int) -> str | None:
+        if stats.version != version:
+            return f"the service sent version {stats.version} when {version} was asked for"
+        if not stats.confirmed:
+            return "the bytes received do not match the published SHA-256"
+        if isinstance(loaded, StagingError):
+            return f"the engine did not take the version (not loaded: {loaded})"
+        if loaded != published:
+            return f"the engine loaded checksum {loaded[:12]}, the published one is {published[:12]}"
+        return None
+
+    # -- generation -----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest], attempt: int = 1) -> Iterator[Sample]:
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        self._attempt = attempt
+        sink = None
+        if self.store is not None:
+            ids = [r.request_id for r in requests]
+            self._save(lambda s: s.claim(ids, attempt, self.instance_id, time.time()))
+            sink = self._save_partials
+        yield from self.engine.generate(requests, on_partial=sink, partial_every_s=self.flush_s)
+
+    def _save_partials(self, partials: Sequence[Partial]) -> None:
+        chunks = [Chunk(p.request_id, p.start, p.token_ids, p.logprobs) for p in partials]
+        self._save(lambda s: s.append(chunks, self._attempt, time.time()))
+
+    def _save(self, write: Callable[[PartialStore], object]) -> None:
+        """A store that fails mid-run must never stop generation: log once, count, go on."""
+        assert self.store is not None
+        try:
+            write(self.store)
+        except (StoreError, sqlite3.Error, OSError) as err:
+            self.store_failures += 1
+            if self.store_failures == 1:
+                log.error(
+                    "%s: the partial-output store failed (%s); generating unsaved", self.instance_id, err
+                )
+
+    def complete(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        """All samples at once (evaluation, where nothing overlaps)."""
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        return list(self.engine.generate(requests))
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(RequestId(request_id))
+
+    def status(self) -> tuple[str, int, int]:
+        version = -1 if self.unavailable is not None else int(self.engine.version)
+        return str(self.state), version, self.store_failures
+
+    # -- a multi-turn job's episodes -------------------------------------------------------------
+    def run_episodes(
+        self,
+        spec: AgentSpec,
+        problems: Sequence[TaskProblem],
+        places: Sequence[int],
+        group_size: int,
+        prefix: str,
+        params: SamplingParams | None = None,
+    ) -> list[EpisodeRun]:
+        """Episodes `PREFIX-PLACE-MEMBER` of `problems` (their `places` in the batch) on this engine,
+        each with its environments sandboxed on this node, every round journaled where `spec` says:
+        one that an earlier instance left under way resumes from its last committed round. `params`:
+        an evaluation's sampling knobs (not journaled)."""
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        if not isinstance(self.engine, TorchRolloutEngine):
+            raise NotServing(f"{self.instance_id}: multi-turn episodes run on torch instances (engine.kind)")
+        if self._agent is None:
+            self._agent = spec.rollout(self.engine, self.engine.tokenizer)
+        return self._agent.run(problems, group_size, prefix, params, indices=places)
+
+    # -- the endpoint's streams -----------------------------------------------------------------
+    def describe(self) -> tuple[int, int]:
+        """The engine's context length and how many sequences it generates at once."""
+        if self.unavailable is not None:
+            raise JoinFailed(f"{self.instance_id}: {self.unavailable}")
+        return self.engine.context_length, self.engine.max_batch
+
+    def stream(self, request: GenerationRequest, priority: int = 0) -> Iterator[Event]:
+        """One request of the OpenAI endpoint, as it generates: each step's tokens for it, then its
+        sample. It joins the running batch (continuous batching, lowest `priority` first); a stream
+        closed by its reader withdraws or aborts the request."""
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        server = self._stream_server()
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        server.submit(request, priority, events.put)
+        finished = False
+        try:
+            while not finished:
+                event = events.get()
+                if isinstance(event, Withdrawn):
+                    return
+                if isinstance(event, BaseException):
+                    raise event
+                finished = isinstance(event, Sample)
+                yield event
+        finally:
+            if not finished:
+                server.cancel(request.request_id)
+
+    def streams(self) -> tuple[int, int]:
+        """The endpoint's requests here that hold an engine row, and those that wait for one."""
+        return (0, 0) if self._streams is None else (self._streams.running, self._streams.waiting)
+
+    def cancel(self, request_id: str) -> None:
+        """The endpoint's client went away: withdraw or abort its request."""
+        if self._streams is not None:
+            self._streams.cancel(RequestId(request_id))
+
+    def _stream_server(self) -> StreamServer:
+        if not isinstance(self.engine, TorchRolloutEngine):
+            raise NotServing(
+                f"{self.instance_id}: the endpoint streams from torch instances; serve a vLLM engine "
+                "in one process with `rlsched serve --engine vllm`"
+            )
+        with self._streams_lock:
+            if self._streams is None:
+                self._streams = StreamServer(self.engine)
+            return self._streams
+
+    def drain(self) -> str:
+        if self.state is InstanceState.READY:
+            self._to(InstanceState.DRAINING)
+        return str(self.state)
+
+    def release(self) -> str:
+        if self.state is InstanceState.READY:
+            self._to(InstanceState.DRAINING)
+        if self._streams is not None:
+            self._streams.close()
+        if self._agent is not None:
+            self._agent.close()
+        if self.state is not InstanceState.RELEASED:
+            self._to(InstanceState.RELEASED)
+        if self.unavailable is None:
+            self.engine.shutdown()  # vLLM's engine processes go now, not when the actor is killed
+        if self.relay is not None:
+            self.relay.close()
+        return str(self.state)
+
+
+class _Spare:
+    """A buffer for the next pull, its pages mapped on a thread of its own ahead of the pull. A fresh
+    269 MB buffer costs 0.2 CPU-s of page faults here; eight instances told of a version at once on
+    two cores, paying it as the bytes arrived, fell behind the link (`scripts/bench_fanout.py`)."""
+
+    def __init__(self, nbytes: int, allocate: Callable[[int], Buffer], background: bool = True) -> None:
+        self._buffer: Buffer | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._fill, args=(nbytes, allocate), name="spare", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._fill(nbytes, allocate)
+
+    def _fill(self, nbytes: int, allocate: Callable[[int], Buffer]) -> None:
+        self._buffer = prefaulted(nbytes, allocate)
+
+    def take(self) -> Buffer | None:
+        """The buffer (waiting for it if it is not yet made); the pull allocates its own if the
+        version's size differs."""
+        if self._thread is not None:
+            self._thread.join()
+        return self._buffer
+
+
+class _StagedLoad:
+    """The loader beside a pull: a thread that stages each tensor as the pull verifies its bytes
+    (`rlsched.engine.staging`); nothing where the engine takes versions only whole."""
+
+    def __init__(self, engine: RolloutEngine | None) -> None:
+        self._engine = engine
+        self._stage: WeightStage | None = None
+        self._thread: threading.Thread | None = None
+        self._assembly: Assembly | None = None
+        self._sha: str | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def staged(self) -> bool:
+        return self._stage is not None
+
+    def begin(self, assembly: Assembly) -> None:
+        """The pull's copy exists: stage it as it fills (a retried pull's earlier copy is dropped)."""
+        self.cancel()
+        if self._engine is None:
+            return
+        self._stage = self._engine.stage(WeightVersion(assembly.manifest.version))
+        if self._stage is None:
+            return
+        self._assembly, self._sha, self._error = assembly, None, None
+        self._thread = threading.Thread(target=self._run, args=(self._stage, assembly), daemon=True)
+        self._thread.start()
+
+    def _run(self, stage: WeightStage, assembly: Assembly) -> None:
+        try:
+            self._sha = stream_into(stage, assembly)
+        except BaseException as err:  # noqa: BLE001 - handed to commit(), which reports it
+            self._error = err
+
+    def commit(self) -> str:
+        """Wait for the last tensor, swap the version in; the SHA-256 of what was staged."""
+        assert self._thread is not None and self._stage is not None
+        self._thread.join()
+        if self._error is not None:
+            raise StagingError(str(self._error))
+        assert self._sha is not None
+        self._stage.commit()
+        return self._sha
+
+    def cancel(self) -> None:
+        if self._assembly is not None and not self._assembly.complete:
+            self._assembly.abandon()
+        if self._thread is not None:
+            self._thread.join()
+        self._stage = self._thread = self._assembly = None
