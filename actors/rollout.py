@@ -11,12 +11,12 @@ import ray
 
 from rlsched.engine.protocol import GenerationRequest
 from rlsched.engine.stream_server import Event
-from rlsched.rollout.instance import Instance
+from rlsched.rollout import instance
 
 STREAMS = 256  # the endpoint's requests one instance streams at once (each holds a thread)
 
 
-class _Actor(Instance):
+class Instance(instance.Instance):  # named as before: `ray::Instance` is its processes' title
     # the overrides only put methods in groups; ray.method's stubs type each as a remote method
 
     @ray.method(concurrency_group="control")
@@ -42,4 +42,6 @@ class _Actor(Instance):
 
 # one thread streams samples, the other answers abort and drain; status and the endpoint's cancel
 # never wait behind a join; each endpoint request streams on a thread of its own
-RolloutInstance = ray.remote(max_concurrency=2, concurrency_groups={"control": 2, "stream": STREAMS})(_Actor)
+RolloutInstance = ray.remote(max_concurrency=2, concurrency_groups={"control": 2, "stream": STREAMS})(
+    Instance
+)

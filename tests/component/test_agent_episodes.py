@@ -267,3 +267,38 @@ def test_a_turn_s_calls_to_two_environments_run_at_once_and_come_back_in_order(t
     finally:
         rollout._end(run, EndReason.FINAL_ANSWER)
         rollout.close()
+
+
+def test_local_runs_a_multi_turn_step_through_the_one_driver(tool_model: Path, tmp_path: Path) -> None:
+    """`rlsched run --local` on a multi-turn job: its one `step` runs the wave's episodes through the
+    episode producer (`rlsched.rl.local_arrivals.Episodes`), each episode one of the core's samples,
+    judged on its final answer, trained whole, and the new version published to the engine."""
+    from rlsched.config import JobConfig
+    from rlsched.rl.loop import GRPOLoop
+
+    taught = teacher_problems()
+    rows = [
+        {"id": f"{split}-{k}", "prompt": p.messages()[0].content, "reference": p.answer, "split": split}
+        for split in ("train", "eval")
+        for k, p in enumerate(taught + taught[:1])
+    ]
+    problems = tmp_path / "taught.jsonl"
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = JobConfig.model_validate(
+        {
+            "model": {"checkpoint": str(tool_model)},
+            "task": {"name": "jsonl", "path": str(problems)},
+            "verifier": {"kind": "math"},
+            "sampling": {"temperature": 0.0, "max_tokens": 48},
+            "agent": agent_cfg().model_dump() | {"chat_template": str(TEMPLATE)},
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2},
+        }
+    )
+    loop = GRPOLoop(cfg, log=lambda _: None)
+    try:
+        rec = loop.step(0)
+    finally:
+        loop.close()
+    assert rec.episodes is not None and rec.episodes["episodes"] == 4 and rec.episodes["faults"] == 0
+    assert rec.episodes["tool_calls"] > 0 and rec.reward > 0  # it calls the calculator, as it learned
+    assert set(rec.phase_s) == {"episodes", "update", "publish"} and rec.version == 1
