@@ -149,6 +149,7 @@ class _Books:
 class VerifyPoolCore:
     def __init__(self, params: PoolParams, estimator: RemainingTime | None = None, at: float = 0.0) -> None:
         self.params = params
+        self.retry = RetryPolicy(params.retries)  # of a retryable execution fault, per task
         self.estimator = estimator if estimator is not None else RemainingTime()
         self.timeouts = TimeoutTable(params.timeouts)
         self.queue = DispatchQueue(params.verify, self.estimator)
@@ -491,8 +492,8 @@ class VerifyPoolCore:
         task = run.task
         self._ended(run, at, w_start, type(outcome).__name__)
         faults = self.books.faults.get(task.task_id, 0)
-        retry = RetryPolicy(self.params.retries)
-        if isinstance(outcome, ExecutionFault) and outcome.kind.retryable and not retry.gives_up(faults + 1):
+        retryable = isinstance(outcome, ExecutionFault) and outcome.kind.retryable
+        if retryable and not self.retry.gives_up(faults + 1):
             self.books.faults[task.task_id] = faults + 1
             self._requeue(run)
             return
