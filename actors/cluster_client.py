@@ -122,3 +122,19 @@ def stop_scheduler() -> bool:
         ray.get(handle.stop.remote(), timeout=30)
     ray.kill(handle)
     return True
+
+
+def report_attempt(address: str, name: str, why: str, attempt: int) -> dict[str, Any]:
+    """A supervised job's attempt ended (`rlsched.job.supervise`): tell the scheduler on the cluster at
+    `address` (a no-op where the attempt already said how), from a process of its own; its view."""
+    import logging
+
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        handle = find_scheduler()
+        if handle is None:
+            return {"state": "unknown", "reason": "the cluster scheduler is gone"}
+        view: dict[str, Any] = ray.get(handle.failed.remote(name, why, attempt), timeout=120)
+        return view
+    finally:
+        ray.shutdown()

@@ -99,6 +99,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace, out_dir: Path) -> int:
     """`rlsched run --requeue`: the job's attempts in child processes, as the scheduler requeues it."""
+    from functools import partial
+
+    from actors.cluster_client import report_attempt
     from rlsched.job.supervise import Supervisor
 
     if not args.queue:
@@ -116,7 +119,8 @@ def _supervise(args: argparse.Namespace, out_dir: Path) -> int:
         "and the next attempt resumes from its newest checkpoint",
         markup=False,
     )
-    return Supervisor(argv, out_dir, out_dir.name, args.address or "auto", plain).run()
+    report = partial(report_attempt, args.address or "auto", out_dir.name)
+    return Supervisor(argv, out_dir, out_dir.name, report, plain).run()
 
 
 def _run_dir(args: argparse.Namespace, default: Path) -> Path:

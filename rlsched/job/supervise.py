@@ -51,10 +51,12 @@ class Supervisor:
         argv: list[str],
         out_dir: Path,
         name: str,
-        address: str,
+        report: Callable[[str, int], dict[str, Any]],
         log: Callable[[str], None] = print,
     ) -> None:
-        self.argv, self.out_dir, self.name, self.address, self.log = argv, out_dir, name, address, log
+        """`report(why, attempt)`: tell the cluster scheduler the attempt ended; its view of the job
+        (`actors.cluster_client.report_attempt`)."""
+        self.argv, self.out_dir, self.name, self.report, self.log = argv, out_dir, name, report, log
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = False
 
@@ -81,7 +83,7 @@ class Supervisor:
             if rc == 0 or rc == 2 or self.stopping:
                 return rc  # done; bad input (the same input fails the same way); or told to stop
             why = exit_words(rc)
-            view = self._report(why, attempt)
+            view = self.report(why, attempt)
             state, reason = view.get("state", "unknown"), view.get("reason", "")
             if state != JobState.PENDING:
                 self.log(f"attempt {attempt + 1} ended ({why}); the job is {state}: {reason}")
@@ -93,27 +95,6 @@ class Supervisor:
                 f"{requeued}{waits}. Starting attempt {attempt + 2}"
             )
             attempt += 1
-
-    def _report(self, why: str, attempt: int) -> dict[str, Any]:
-        """Tell the scheduler this attempt ended (a no-op where the child already said how); its view."""
-        import logging
-
-        import ray
-
-        from actors.cluster import NAMESPACE
-        from actors.cluster_client import find_scheduler
-
-        ray.init(
-            address=self.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING
-        )
-        try:
-            handle = find_scheduler()
-            if handle is None:
-                return {"state": "unknown", "reason": "the cluster scheduler is gone"}
-            view: dict[str, Any] = ray.get(handle.failed.remote(self.name, why, attempt), timeout=120)
-            return view
-        finally:
-            ray.shutdown()
 
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
