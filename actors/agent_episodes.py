@@ -20,11 +20,11 @@ from typing import Any
 
 import ray
 
-from actors.arrivals import Arrival, Batch
 from actors.fleet import Fleet
 from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, SamplingParams, WeightVersion
+from rlsched.job.arrivals import Arrival, Batch
 from rlsched.job.interrupt import ctrl_c
 from rlsched.job.records import generate_attrs
 from rlsched.rl import episode_runs as er
@@ -111,7 +111,7 @@ class FleetEpisodes:
 
 
 class Episodes:
-    """A multi-turn job's producer of arrivals (`actors.arrivals.Producer`) for the iteration's driver:
+    """A multi-turn job's producer of arrivals (`rlsched.job.arrivals.Producer`) for the iteration's driver:
 
     1. a wave's groups run on the fleet (`FleetEpisodes`), `group_size` episodes of each problem;
     2. each ended episode arrives as the sample its verifier judges (its final answer), carrying the

@@ -3,14 +3,15 @@ OpenAI endpoint when it runs) and what the job's loop asks of them between itera
 iteration, evaluate, save the policy, check the weights, restart a failed training group.
 
 An iteration is the iteration core's (`rlsched.core.pipeline`, sync or async), carried out by its
-one Ray driver (`actors.iterations.IterationRun`) over a producer of arrivals (`actors.arrivals`):
+one driver (`rlsched.job.iterations.IterationRun`, over this job's actors through ports) and a
+producer of arrivals (`rlsched.job.arrivals`):
 single-turn requests on the fleet's streams, or a multi-turn job's episodes
 (`actors.agent_episodes`). In order, for each step:
 
 1. a wave's requests go out (group_size samples per problem; under `distrs`, problems with the
    longest expected verification first) to READY instances at an admissible version, joiners
    included (`actors.fleet`);
-2. every finished sample goes to verification (`actors.verification`) when the core says: at once,
+2. every finished sample goes to verification (`rlsched.job.verification`) when the core says: at once,
    or, with `schedule.overlap: false`, once all exist (the sequential baseline);
 3. the batch: group-relative advantages over fully judged groups at an allowed version;
 4. `update`: the training group's GRPO step (all ranks, gradients all-reduced);
@@ -26,7 +27,7 @@ on its own clock (request sent -> sample arrived, dispatched -> outcome received
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,20 +35,24 @@ from typing import Any
 import ray
 
 from actors.agent_episodes import Episodes
-from actors.arrivals import Producer, Requests
 from actors.cluster_client import ClusterClient
 from actors.endpoint_link import EndpointLink
 from actors.fleet import Fleet
-from actors.iterations import IterationRun
 from actors.orders import Orders
+from actors.pool import VerifierPool
 from actors.trainer import PublishedVersion, TrainingGroup
-from actors.verification import JobVerification
+from actors.waits import step
 from rlsched.config import JobConfig
 from rlsched.config_params import retries, store_path
+from rlsched.job.arrivals import Producer, Requests
 from rlsched.job.durability import Start
+from rlsched.job.iterations import IterationRun
+from rlsched.job.ports import OnPrepared
 from rlsched.job.records import IterationRecord
-from rlsched.metrics.spans import Span, SpanKind
+from rlsched.job.verification import JobVerification
+from rlsched.metrics.spans import Span, SpanKind, set_aside
 from rlsched.model.checkpoint import inspect_checkpoint, load_prompting, write_checkpoint
+from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.versions import PipelineMode
 from rlsched.rl.agent import spec_of
 from rlsched.rl.evaluate import EvalResult, eval_requests, score
@@ -59,6 +64,7 @@ from rlsched.rl.task import TaskProblem
 from rlsched.rl.tasks import build_task
 from rlsched.transfer.client import WeightClient
 from verifiers.loading import VerifierSet
+from verifiers.protocol import Stage
 
 
 class JobController:
@@ -100,7 +106,8 @@ class JobController:
         for i in range(cfg.rollout.instances):
             self.fleet.add(f"rollout-{i}")
         self.orders = Orders(self.fleet, cluster, inbox, self.clock, log)
-        self.verification = JobVerification(cfg, self.verifiers, self.spans, self.clock, log, workers_pg)
+        self._workers_pg, self._pools = workers_pg, list[VerifierPool]()
+        self.verification = JobVerification(cfg, self.verifiers, self._pool, self.clock)
         self.estimator = self.verification.estimator
         self.fleet.publish(self.group.publish(start.version))
         self.fleet.reload()
@@ -131,6 +138,22 @@ class JobController:
 
     # -- where the job starts, and where it starts again ----------------------------------------------
 
+    def _pool(
+        self, stage: Stage, estimator: RemainingTime, on_prepared: OnPrepared | None = None
+    ) -> VerifierPool:
+        """One stage of the job's verification: its workers in the scheduler's placement group."""
+        v, rewards = self.cfg.verifier, self.verifiers.rewards
+        pool = VerifierPool(
+            v, self.cfg.grpo.verify_retries, estimator, self.spans, self.clock, self.log, stage=stage,
+            on_prepared=on_prepared, pg=self._workers_pg, rewards=rewards,
+        )  # fmt: skip
+        self._pools.append(pool)
+        return pool
+
+    def wait(self, others: Iterable[Any], on_ready: Callable[[Any], None], timeout_s: float) -> None:
+        """The iteration driver's wait: one turn of `ray.wait` over the verifier pools and `others`."""
+        step(self._pools, others, on_ready, timeout_s=timeout_s)
+
     @property
     def cursor(self) -> int:
         """Training problems drawn so far (a checkpoint's data position)."""
@@ -153,7 +176,7 @@ class JobController:
         one set of weights, so the fleet never sees one reused). Returns that version. The waves in
         flight are abandoned: their samples are ignored."""
         self.group.shutdown()
-        self._set_aside_spans(start.iteration)
+        self.redone_spans += set_aside(self.spans, start.iteration)  # shared: changed in place
         self.group = self._training_group(start)
         self.feed.rewind(start.cursor, start.pending.problems if start.pending else ())
         version = self.version + 1
@@ -169,15 +192,6 @@ class JobController:
         go of the episodes they took."""
         if self.endpoint is not None:
             self.endpoint.checkpointed(iteration)
-
-    def _set_aside_spans(self, after: int) -> None:
-        """The spans of iterations that run again leave the phase times; the timeline keeps them,
-        marked `redone` (the list is shared with the fleet and the verifiers: changed in place)."""
-        gone = [s for s in self.spans if s.iteration > after]
-        self.spans[:] = [s for s in self.spans if s.iteration <= after]
-        self.redone_spans += [
-            Span(s.kind, s.id, s.start, s.end, s.iteration, {**s.attrs, "redone": True}) for s in gone
-        ]
 
     # -- the iterations --------------------------------------------------------------------------
 
@@ -322,18 +336,6 @@ class JobController:
         self.group.shutdown()
         if self.agent is not None:
             self.agent.close()
-
-
-def run_silently(cfg: JobConfig, iterations: int) -> JobController:
-    """A job for benchmarks and validation: `iterations` iterations without output, its actors
-    released afterwards; the controller's spans and estimator stay readable."""
-    controller = JobController(cfg, log=lambda _: None)
-    try:
-        for n in range(1, iterations + 1):
-            controller.run_iteration(n)
-    finally:
-        controller.shutdown()
-    return controller
 
 
 def _journal(out_dir: Path | None) -> Path | None:

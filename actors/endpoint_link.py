@@ -18,9 +18,9 @@ from pathlib import Path
 import ray
 
 from actors.fleet import Fleet
-from actors.verification import JobVerification
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
+from rlsched.job.verification import JobVerification
 from rlsched.model.checkpoint import inspect_checkpoint
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import BatchId

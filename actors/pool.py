@@ -32,13 +32,14 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.demand import actor_options
-from actors.verifier import Heartbeat, Stage, VerifierWorker, WorkerProcess
+from actors.verifier import Heartbeat, VerifierWorker, WorkerProcess
 from actors.waits import step
 from rlsched.config import VerifierConfig
 from rlsched.config_params import pool_params, worker_bundle
 from rlsched.core import verify_pool_io as vx
 from rlsched.core.verify_pool import PoolTrace, VerifyPoolCore
 from rlsched.errors import UserError
+from rlsched.job.ports import OnPrepared, Queued
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.verify import BatchState, PendingVerification, TaskId, WorkerId
@@ -47,13 +48,10 @@ from verifiers.protocol import (
     ExecutionFault,
     FaultKind,
     Outcome,
-    Prepared,
     RewardRange,
+    Stage,
     VerifyRequest,
 )
-
-# what a CPU stage hands to the GPU stage: the task, its request, verifier kind, iteration, payload
-OnPrepared = Callable[[PendingVerification, VerifyRequest, "str | None", int, Prepared], None]
 
 
 class _For(StrEnum):
@@ -136,9 +134,7 @@ class VerifierPool:
     ) -> None:
         self.submit_many([(task, request, kind, iteration, payload)])
 
-    def submit_many(
-        self, items: Sequence[tuple[PendingVerification, VerifyRequest, str | None, int, bytes]]
-    ) -> None:
+    def submit_many(self, items: Sequence[Queued]) -> None:
         """Queue several samples at once (they are then offered to free workers together)."""
         for task, request, kind, iteration, payload in items:
             self.requests[task.task_id] = (request, kind, iteration)

@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import ray
 
@@ -34,6 +34,7 @@ from verifiers.protocol import (
     Outcome,
     Prepared,
     RewardRange,
+    Stage,
     TwoStageVerifier,
     VerifyRequest,
     is_two_stage,
@@ -41,8 +42,6 @@ from verifiers.protocol import (
     run_verifier,
 )
 from verifiers.sandbox import SandboxPolicy
-
-Stage = Literal["whole", "cpu", "gpu"]  # a whole verification, or one stage of a two-stage verifier
 
 
 @dataclass(frozen=True)

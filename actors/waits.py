@@ -1,7 +1,7 @@
 """One turn of a driver's wait over Ray: block until a verifier pool's call or another reference (a
 generation stream, a weight pull, a rank's update) is done, or a pool's next timer is due; then let
 each pool's timers fire and hand every finished reference to its owner. The iteration driver's loop
-(`actors.iterations`) and a pool's `drain` both turn on it.
+(`rlsched.job.iterations`) and a pool's `drain` both turn on it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 - `table(title, columns, rows)`: one rich table, numbers right-aligned.
 - `write(path, payload)`: the JSON (workload, seed, every variant and the bound it is compared
   with), indented, its folder made; says where it went.
+- `run_silently(cfg, iterations)`: a Ray job's iterations without output (Ray is imported then).
 """
 
 from __future__ import annotations
@@ -61,3 +62,18 @@ def write(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     print(f"wrote {path}")
+
+
+def run_silently(cfg: Any, iterations: int) -> Any:
+    """A job (`rlsched.config.JobConfig`) for benchmarks and validation: `iterations` iterations
+    without output, its actors released afterwards; the controller's spans and estimator stay
+    readable."""
+    from actors.controller import JobController
+
+    controller = JobController(cfg, log=lambda _: None)
+    try:
+        for n in range(1, iterations + 1):
+            controller.run_iteration(n)
+    finally:
+        controller.shutdown()
+    return controller

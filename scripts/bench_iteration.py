@@ -21,11 +21,10 @@ from typing import Any
 
 import ray
 import torch
-from _bench import parser, write
+from _bench import parser, run_silently, write
 from rich.console import Console
 from rich.table import Table
 
-from actors.controller import run_silently
 from rlsched.config import load_config
 from rlsched.metrics.spans import SpanKind, phase_times
 

@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from _bench import parser, write
+from _bench import parser, run_silently, write
 from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
-from actors.controller import run_silently
 from rlsched.config import load_config
 from rlsched.metrics.spans import verification_batch
 from rlsched.sim.dists import Distribution, draw

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import ray
 import torch
-from _bench import parser, write
+from _bench import parser, run_silently, write
 
-from actors.controller import run_silently
 from rlsched.config import load_config
 from rlsched.metrics.spans import Span, SpanKind, phase_times
 from rlsched.sim.jobs import simulate

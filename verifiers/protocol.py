@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,9 @@ class Verifier(Protocol):
     name: str
 
     def verify(self, request: VerifyRequest) -> Outcome: ...
+
+
+Stage = Literal["whole", "cpu", "gpu"]  # a whole verification, or one stage of a two-stage verifier
 
 
 class TwoStageVerifier(Verifier, Protocol):

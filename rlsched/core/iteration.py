@@ -1,6 +1,6 @@
 """The iteration's events and effects: the words between the iteration core
 (`rlsched.core.pipeline.PipelineCore`, sync or async) and its drivers (the Ray one in
-`actors.iterations`, the simulator's `rlsched.sim.rljob.SimJob`, the in-process `rlsched.rl.loop`).
+`rlsched.job.iterations`, the simulator's `rlsched.sim.rljob.SimJob`, the in-process `rlsched.rl.loop`).
 
 The core knows samples by their request ids, never their tokens; a driver feeds it what happened
 (`Started`, `SampleArrived`, `Offered`, `Judged`, `Updated`, `VersionPublished`, `Reloaded`) and

@@ -1,4 +1,4 @@
-"""The iteration as a state core, the one every driver runs (the Ray job's `actors.iterations`, the
+"""The iteration as a state core, the one every driver runs (the Ray job's `rlsched.job.iterations`, the
 simulator's `rlsched.sim.rljob`, `--local`'s `rlsched.rl.loop`), pipelined: generation runs ahead
 of training by up to `max_staleness` versions (`mode: async`), judged groups wait in a buffer, and
 the trainer takes a batch whenever it is free. `mode: sync` is the same pipeline run zero versions
@@ -50,6 +50,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from rlsched.core.iteration import (
@@ -106,16 +107,28 @@ class PipelineParams:
         return self.max_staleness if self.mode is PipelineMode.ASYNC else 0
 
 
-@dataclass(slots=True)
 class _Group:
-    wave: int
-    members: tuple[str, ...]
-    seq: int  # its place among every group sent out (a sync step keeps the order its wave went out in)
-    arrived: dict[str, int] = field(default_factory=dict)  # request -> oldest version of its tokens
-    judged: set[str] = field(default_factory=set)
-    done_at: float = 0.0
-    last_at: float = 0.0  # when its last sample arrived
-    low: int = 0  # the oldest version of its samples, set once it is judged whole and buffered
+    """A group of requests of one wave, from its wave going out until it is buffered and trained
+    (a plain class with slots: the simulator makes a million, and a dataclass's `__init__` with
+    default factories costs a third more)."""
+
+    __slots__ = ("arrived", "done_at", "judged", "last_at", "low", "members", "of", "seq", "wave")
+
+    def __init__(self, wave: int, members: tuple[str, ...], seq: int, of: _Wave | None = None) -> None:
+        self.wave = wave
+        self.members = members
+        self.seq = (
+            seq  # its place among every group sent out (a sync step keeps the order its wave went out in)
+        )
+        self.arrived: dict[str, int] = {}  # request -> oldest version of its tokens
+        self.judged: set[str] = set()
+        self.done_at = 0.0
+        self.last_at = 0.0  # when its last sample arrived
+        self.low = 0  # the oldest version of its samples, set once it is judged whole and buffered
+        self.of = of  # its wave, while the wave generates or judges (none: restored judged)
+
+    def __repr__(self) -> str:
+        return f"_Group(wave={self.wave}, members={self.members}, seq={self.seq})"
 
 
 @dataclass(slots=True)
@@ -174,6 +187,7 @@ class PipelineCore:
         self._announced = False  # a Generate is out and its Started not yet in
         self._running: deque[_Step] = deque()  # steps asked for and not yet committed, in order
         self._out: list[Effect] = []
+        self._overlap = params.overlap
         self._handlers: dict[type, Callable[[Any], None]] = {
             SampleArrived: self._arrived,  # bound methods, never lambdas: a deep copy rebinds them
             Judged: self._judged,
@@ -195,7 +209,8 @@ class PipelineCore:
         self._wave_started.setdefault(wave, at)
         self._wave_floor.setdefault(wave, self.reloaded)
         for versions in groups:
-            group = _Group(wave, tuple(versions), self._next_seq(), dict(versions), set(versions), at)
+            group = _Group(wave, tuple(versions), self._next_seq())
+            group.arrived, group.judged, group.done_at = dict(versions), set(versions), at
             group.last_at = at
             self._to_buffer(group)
         self.buffer_peak = max(self.buffer_peak, len(self.buffer))
@@ -212,15 +227,16 @@ class PipelineCore:
         self._handlers[type(event)](event)
         return self._take()
 
-    def sample_arrived(self, at: float, rid: str, version: int) -> list[Effect]:
-        """`handle(SampleArrived(...))` without the event around it (the simulator's per-sample call)."""
+    def sample_arrived(self, at: float, rid: str, version: int) -> Sequence[Effect]:
+        """`handle(SampleArrived(...))` without the event around it (the simulator's per-sample call;
+        no list made where there is no effect)."""
         self._on_arrival(at, rid, version)
-        return self._take()
+        return self._take() if self._out else ()
 
-    def judged_now(self, at: float, rid: str) -> list[Effect]:
+    def judged_now(self, at: float, rid: str) -> Sequence[Effect]:
         """`handle(Judged(...))` without the event around it (the simulator's per-sample call)."""
         self._on_verdict(at, rid)
-        return self._take()
+        return self._take() if self._out else ()
 
     def _arrived(self, e: SampleArrived) -> None:
         self._on_arrival(e.at, e.request_id, e.version)
@@ -295,14 +311,14 @@ class PipelineCore:
         self._announced = False
         self.next_wave += 1
         groups = len(e.requests) // p.group_size
-        self.waves[e.iteration] = _Wave(e.iteration, e.at, len(e.requests), self.reloaded, groups)
+        self.waves[e.iteration] = wave = _Wave(e.iteration, e.at, len(e.requests), self.reloaded, groups)
         self._wave_started[e.iteration] = e.at
         self._wave_floor[e.iteration] = self.reloaded
         size, seq, by_id = p.group_size, self._seq, self.groups
         for i in range(0, len(e.requests), size):
             members = e.requests[i : i + size]
             seq += 1
-            group = _Group(e.iteration, members, seq)
+            group = _Group(e.iteration, members, seq, wave)
             for rid in members:
                 by_id[rid] = group
         self._seq = seq
@@ -322,6 +338,26 @@ class PipelineCore:
         low = group.low = min(group.arrived.values())  # complete: its versions no longer change
         if low < self._buffer_low:
             self._buffer_low = low
+
+    def _buffer_wave(self, done: list[_Group]) -> None:
+        """Sync: a wave's judged groups, in the order they were judged, join the buffer together: as
+        `_to_buffer` one by one, in one extend where they come after every group buffered (always so
+        in sync mode, where a wave's groups wait for the wave's last)."""
+        buffer = self.buffer
+        last = buffer[-1] if buffer else done[0]
+        wave, at, low = last.wave, last.done_at, self._buffer_low
+        for g in done:
+            if g.wave < wave or (g.wave == wave and g.done_at < at):  # out of order: one by one
+                for h in done:
+                    self._to_buffer(h)
+                return
+            wave, at = g.wave, g.done_at
+        for g in done:
+            g.low = glow = min(g.arrived.values())  # complete: its versions no longer change
+            if glow < low:
+                low = glow
+        buffer.extend(done)
+        self._buffer_low = low
 
     def _set_buffer(self, groups: list[_Group]) -> None:
         self.buffer = groups
@@ -344,7 +380,7 @@ class PipelineCore:
                 continue
             wave.requests += 1
             wave.open_groups += 1
-            self.groups[rid] = _Group(wave.iteration, (rid,), self._next_seq())
+            self.groups[rid] = _Group(wave.iteration, (rid,), self._next_seq(), wave)
             self._on_arrival(e.at, rid, version)
 
     def _on_arrival(self, at: float, rid: str, version: int) -> None:
@@ -354,10 +390,11 @@ class PipelineCore:
             return
         group.arrived[rid] = version
         group.last_at = at  # arrivals come in time order
-        wave = self.waves[group.wave]
+        wave = group.of
+        assert wave is not None  # a group still expecting samples has its wave
         wave.arrived += 1
         wave.unjudged += 1
-        if self.params.overlap:
+        if self._overlap:
             self._out.append(Verify((rid,)))
         else:
             wave.held.append(rid)
@@ -368,22 +405,28 @@ class PipelineCore:
                 self._out.append(Verify(tuple(held)))
 
     def _on_verdict(self, at: float, rid: str) -> None:
-        group = self.groups.get(rid)
+        groups = self.groups
+        group = groups.get(rid)
         if group is None or rid not in group.arrived or rid in group.judged:
             self.unexpected += 1
             return
         judged = group.judged
         judged.add(rid)
-        waves = self.waves
-        wave = waves[group.wave]
+        wave = group.of
+        assert wave is not None  # an arrived sample's group has its wave
         wave.unjudged -= 1
         if wave.unjudged == 0 and wave.arrived == wave.requests:
-            del waves[group.wave]
-        if len(judged) == len(group.members):  # complete: only an arrived sample is judged
+            del self.waves[group.wave]
+        members = group.members
+        if len(judged) == len(members):  # complete: only an arrived sample is judged
             group.done_at = at
+            group.of = None  # no cycle through the wave's list of its judged groups
             wave.open_groups -= 1
-            for member in group.members:
-                del self.groups[member]
+            if len(members) == 1:
+                del groups[rid]  # the one-sample group: no loop (the simulator's per-sample path)
+            else:
+                for member in members:
+                    del groups[member]
             self._judged_group(group, wave)
 
     def _buffered(self, group: _Group, wave: _Wave) -> None:
@@ -400,8 +443,7 @@ class PipelineCore:
         wave.done.append(group)
         if wave.iteration in self.waves:
             return
-        for g in wave.done:
-            self._to_buffer(g)
+        self._buffer_wave(wave.done)
         self.buffer_peak = max(self.buffer_peak, len(self.buffer))
         if self.trainer is _T.IDLE:
             self._maybe_update()
@@ -505,7 +547,7 @@ class PipelineCore:
         if not self.buffer or self.buffer[0].wave in self.waves:
             return []
         wave = self.buffer[0].wave
-        batch = sorted((g for g in self.buffer if g.wave == wave), key=lambda g: g.seq)
+        batch = sorted([g for g in self.buffer if g.wave == wave], key=attrgetter("seq"))
         self._set_buffer([g for g in self.buffer if g.wave != wave])
         return batch
 

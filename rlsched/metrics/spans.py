@@ -81,6 +81,14 @@ class PhaseTimes:
         return out
 
 
+def set_aside(spans: list[Span], after: int) -> list[Span]:
+    """The spans of iterations after `after`, which run again, leave `spans` (in place) and come back
+    marked `redone`: they leave the phase times, and the timeline keeps them."""
+    gone = [s for s in spans if s.iteration > after]
+    spans[:] = [s for s in spans if s.iteration <= after]
+    return [Span(s.kind, s.id, s.start, s.end, s.iteration, {**s.attrs, "redone": True}) for s in gone]
+
+
 def _window(spans: Sequence[Span]) -> tuple[float, float] | None:
     if not spans:
         return None

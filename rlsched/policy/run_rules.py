@@ -1,6 +1,6 @@
 """A job's run rules, decided here and nowhere else: when the job stops (its step limit and training
 time budget), when the held-out evaluation runs, when a checkpoint is due, and when an update must
-wait for one. The Ray job's loop (`actors.job`), its iteration driver (`actors.iterations`), its
+wait for one. The Ray job's loop (`actors.job`), its iteration driver (`rlsched.job.iterations`), its
 durability (`rlsched.job.durability`) and `--local` (`rlsched.rl.loop`) all ask these; the config makes
 them once (`rlsched.config_params.run_rules`).
 """

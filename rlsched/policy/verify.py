@@ -45,8 +45,8 @@ class DispatchPolicy(StrEnum):
     DISTRS = "distrs"
 
 
-@dataclass(frozen=True)
-class PendingVerification:
+@dataclass(slots=True)  # a value, never changed (`replace` makes another); not frozen: a frozen
+class PendingVerification:  # dataclass's __init__ costs 3x, and the simulator makes one per sample
     task_id: TaskId
     batch_id: BatchId
     arrival: float  # when the sample finished generating (injected clock)

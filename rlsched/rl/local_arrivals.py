@@ -1,6 +1,6 @@
 """What produces `--local`'s samples, as its one iteration driver (`rlsched.rl.loop.GRPOLoop.step`)
 sees them: the same port for single-turn samples and multi-turn episodes, as the Ray driver's
-producers (`actors.arrivals`) are.
+producers (`rlsched.job.arrivals`) are.
 
 A producer starts a wave of problems (`begin`: its request ids, and the arrivals, each with the
 oldest version of its tokens, as they come), judges the one the core says to verify (`judge`), and

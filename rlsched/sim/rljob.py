@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
@@ -305,7 +305,7 @@ class SimJob:
     def _feed(self, event: IterationEvent) -> None:
         self._apply(self.core.handle(event))
 
-    def _apply(self, effects: list[IterationEffect]) -> None:
+    def _apply(self, effects: Sequence[IterationEffect]) -> None:
         for e in effects:
             if not self.active:  # its last iteration is committed: what is left in flight is moot
                 return

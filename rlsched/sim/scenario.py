@@ -1,6 +1,13 @@
 """Simulator scenarios (`configs/scenarios/*.yaml`): the cluster, the verifier pool every job shares,
 the jobs (their distributions, weight link, transient instances), the policies and seeds; typed and
 validated once like a job config, with the same loader (`--set`, errors by dotted path).
+
+A scenario's job may take its iteration from a job config (`config: ../jobs/quickstart.yaml`): its
+`grpo` batch and steps, `rollout` instances, request batch and staleness bound, `schedule` mode,
+buffer and overlap, and the training group's devices, read from the job's own sections
+(`sim_job_of`) instead of copied by hand; the scenario adds what only the simulator models (the
+durations, token counts, slots, weight link) and may shorten the run (`iterations`). A key the job
+config decides is refused there, naming the job's key to change.
 """
 
 from __future__ import annotations
@@ -8,11 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from rlsched.config import JobConfig, TimeoutConfig, TransientInstance
+from rlsched.config import JobConfig, TimeoutConfig, TransientInstance, load_config
 from rlsched.config_load import Section, load_tree
 from rlsched.config_params import training_devices
+from rlsched.errors import UserError
 from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.policy.versions import PipelineMode, pipeline_problem
@@ -110,6 +118,11 @@ class SimJobConfig(Section):
     and go (`rlsched.sim.fleet`).
     """
 
+    config: Path | None = Field(
+        None,
+        description="a job config whose grpo, rollout, schedule and trainer sections make this job's "
+        "iteration (relative: the scenario's dir); the keys they decide are then not set here",
+    )
     name: str = Field("job", min_length=1, description="the job's name in spans and reports")
     iterations: int = Field(10, ge=1, description="iterations to run")
     samples: int = Field(256, ge=1, description="samples per iteration")
@@ -159,6 +172,31 @@ class SimJobConfig(Section):
     weights: SimWeightsConfig | None = None
     transient: tuple[SimTransientConfig, ...] = ()
     resume: SimResumeConfig = SimResumeConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_job_config(cls, data: Any, info: ValidationInfo) -> Any:
+        """`config`: the job config's iteration, with this entry's simulator-only keys on top."""
+        if not isinstance(data, dict) or data.get("config") is None:
+            return data
+        path = Path(data["config"])
+        if not path.is_absolute():
+            path = Path((info.context or {}).get("base_dir", ".")) / path
+        if not path.is_file():
+            raise ValueError(f"config: job config {path} does not exist")
+        decided = sorted(JOB_DECIDES.keys() & data.keys())
+        if decided:
+            keys, theirs = ", ".join(decided), ", ".join(JOB_DECIDES[k] for k in decided)
+            one = len(decided) == 1
+            raise ValueError(
+                f"{keys} {'is' if one else 'are'} decided by the job config {path} ({theirs}): change "
+                f"{'it' if one else 'them'} there, or drop config and give every key here"
+            )
+        try:
+            cfg = load_config(path)
+        except UserError as err:
+            raise ValueError(f"config: {err}") from None
+        return job_fields(cfg, str(data.get("name", "job"))) | data | {"config": path}
 
     @model_validator(mode="after")
     def _elastic_needs(self) -> SimJobConfig:
@@ -213,12 +251,24 @@ class SimJobConfig(Section):
         return self.trainer_gpus + (self.instances + transient) * self.gpus_per_instance
 
 
-def sim_job_of(cfg: JobConfig, name: str = "job", **draws: Any) -> SimJobConfig:
-    """A job config's iteration, as a simulated job: the same sections (`grpo`'s batch and steps,
-    `rollout`'s instances, request batch and staleness bound, `schedule`'s mode, buffer and overlap,
-    the training group's devices), with `draws` for what only the simulator models (durations, token
-    counts; a second a sample unless given)."""
-    fields: dict[str, Any] = {
+# a simulated job's keys that a job config decides (`config`), and the job config's key for each
+JOB_DECIDES = {
+    "samples": "grpo.prompts_per_step x grpo.group_size",
+    "group_size": "grpo.group_size",
+    "instances": "rollout.instances",
+    "request_batch": "rollout.request_batch",
+    "max_staleness": "rollout.max_staleness",
+    "mode": "schedule.mode",
+    "buffer_groups": "schedule.buffer_groups",
+    "overlap": "schedule.overlap",
+    "trainer_gpus": "trainer's devices",
+}
+
+
+def job_fields(cfg: JobConfig, name: str) -> dict[str, Any]:
+    """What a job config decides of a simulated job (`JOB_DECIDES`), and its steps as the run's
+    iterations."""
+    return {
         "name": name,
         "iterations": cfg.grpo.steps,
         "samples": cfg.grpo.prompts_per_step * cfg.grpo.group_size,
@@ -231,6 +281,12 @@ def sim_job_of(cfg: JobConfig, name: str = "job", **draws: Any) -> SimJobConfig:
         "overlap": cfg.schedule.overlap,
         "trainer_gpus": int(training_devices(cfg.trainer)),
     }
+
+
+def sim_job_of(cfg: JobConfig, name: str = "job", **draws: Any) -> SimJobConfig:
+    """A job config's iteration, as a simulated job: the same sections (`job_fields`), with `draws`
+    for what only the simulator models (durations, token counts; a second a sample unless given)."""
+    fields = job_fields(cfg, name)
     if not {"generate_s", "tokens", "tokens_per_s"} & set(draws):
         fields["generate_s"] = Constant(value=1.0)
     return SimJobConfig(**(fields | draws))

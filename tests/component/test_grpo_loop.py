@@ -71,7 +71,7 @@ def test_unjudgeable_groups_are_left_out_not_scored_zero() -> None:
 
 def test_the_local_loop_builds_its_iteration_core_from_the_config_as_the_ray_controller_does() -> None:
     """One YAML, three drivers, the same iteration: `--local` builds its core with `pipeline_params`,
-    as the Ray driver does (`actors.iterations`), and the simulator's job made from the same config
+    as the Ray driver does (`rlsched.job.iterations`), and the simulator's job made from the same config
     (`sim_job_of`) builds equal parameters, its batch names aside; so `schedule.overlap` and the
     training group's cost rate reach every one (`--local` dropped both before issue 42) and sync mode
     is the pipeline run zero versions ahead."""

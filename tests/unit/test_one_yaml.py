@@ -46,3 +46,30 @@ def test_async_settings_reach_the_simulated_job() -> None:
         16,
         2,
     )
+
+
+def test_a_scenario_job_takes_its_iteration_from_a_job_config(tmp_path: Path) -> None:
+    """`config:` in a scenario's job: the job config's sections decide its iteration (as `sim_job_of`
+    reads them), the scenario adds the durations and may shorten the run; a key the job config
+    decides is refused, naming the job's key, and so is a missing file."""
+    from rlsched.errors import UserError
+    from rlsched.sim.scenario import load_scenario
+
+    job = tmp_path / "jobs" / "async.yaml"
+    job.parent.mkdir()
+    job.write_text("schedule: {mode: async}\nrollout: {max_staleness: 2, request_batch: 8}\n")
+    scenario = tmp_path / "scenarios" / "s.yaml"
+    scenario.parent.mkdir()
+    scenario.write_text(
+        "cluster: {gpus: 8}\njobs:\n"
+        "  - {name: a, config: ../jobs/async.yaml, iterations: 3, generate_s: 0.2}\n"
+    )
+    simulated = load_scenario(scenario).jobs[0]
+    expected = sim_job_of(load_config(job), "a", iterations=3, generate_s=0.2)
+    assert simulated.config == scenario.parent / "../jobs/async.yaml"
+    assert simulated.model_dump(exclude={"config"}) == expected.model_dump(exclude={"config"})
+    assert (simulated.mode.value, simulated.max_staleness, simulated.request_batch) == ("async", 2, 8)
+    with pytest.raises(UserError, match=r"overlap is decided by the job config .*\(schedule.overlap\)"):
+        load_scenario(scenario, ["jobs.0.overlap=false"])
+    with pytest.raises(UserError, match=r"job config .*nope\.yaml does not exist"):
+        load_scenario(scenario, ["jobs.0.config=nope.yaml"])

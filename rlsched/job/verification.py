@@ -2,62 +2,54 @@
 hands compiled work to a GPU stage: `verifier.gpu_workers`), the task and request each sample
 becomes, and the outcomes settled since the last look.
 
-A sample's task carries its verifier kind and problem key (`verify_kind_key`: whose history
-predicts its time) and the workers it needs at once (a verifier's `slots`). It waits here until the
-iteration's core says to verify it (`rlsched.core.iteration.Verify`): at once, or with the whole
-batch for the sequential baseline.
+The pools are made by a factory (`PoolFactory`: on Ray, the controller's, of `actors.pool`), so this
+bookkeeping is plain Python. A sample's task carries its verifier kind and problem key
+(`verify_kind_key`: whose history predicts its time) and the workers it needs at once (a verifier's
+`slots`). It waits here until the iteration's core says to verify it (`rlsched.core.iteration.Verify`):
+at once, or with the whole batch for the sequential baseline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
-from actors.pool import VerifierPool
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import RequestId, Sample
-from rlsched.metrics.spans import Span
+from rlsched.job.ports import OnPrepared, PoolPort, Queued
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.verify import BatchId, BatchState, PendingVerification, TaskId
 from rlsched.rl.task import TaskProblem, verify_kind_key
 from verifiers.loading import VerifierSet, VerifierSpecError
-from verifiers.protocol import Outcome, Prepared, VerifyRequest
+from verifiers.protocol import Outcome, Prepared, Stage, VerifyRequest
 
-_Queued = tuple[PendingVerification, VerifyRequest, str | None, int, bytes]
+
+class PoolFactory(Protocol):
+    """Makes one stage's pool (on Ray, an `actors.pool.VerifierPool`): a CPU stage hands what it
+    prepared to `on_prepared`."""
+
+    def __call__(
+        self, stage: Stage, estimator: RemainingTime, on_prepared: OnPrepared | None = None
+    ) -> PoolPort: ...
 
 
 class JobVerification:
     def __init__(
-        self,
-        cfg: JobConfig,
-        verifiers: VerifierSet,
-        spans: list[Span],
-        clock: Callable[[], float],
-        log: Callable[[str], None],
-        pg: Any = None,
+        self, cfg: JobConfig, verifiers: VerifierSet, make_pool: PoolFactory, clock: Callable[[], float]
     ) -> None:
+        """`make_pool`: one stage's pool; with `verifier.gpu_workers`, a GPU stage and a CPU stage that
+        compiles for it, else one pool that does both."""
         self.cfg, self.verifiers, self.clock = cfg, verifiers, clock
-        v, retries = cfg.verifier, cfg.grpo.verify_retries
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
-        self.gpu_pool: VerifierPool | None = None
-        if v.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
-            self.gpu_pool = VerifierPool(
-                v, retries, RemainingTime(), spans, clock, log, stage="gpu", pg=pg, rewards=verifiers.rewards
-            )
-        self.pool = VerifierPool(
-            v,
-            retries,
-            self.estimator,
-            spans,
-            clock,
-            log,
-            stage="whole" if self.gpu_pool is None else "cpu",
-            on_prepared=None if self.gpu_pool is None else self._to_gpu_stage,
-            pg=pg,
-            rewards=verifiers.rewards,
-        )
+        self.gpu_pool: PoolPort | None = None
+        if cfg.verifier.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
+            self.gpu_pool = make_pool("gpu", RemainingTime())
+        if self.gpu_pool is None:
+            self.pool = make_pool("whole", self.estimator)
+        else:
+            self.pool = make_pool("cpu", self.estimator, self._to_gpu_stage)
         self.pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
-        self._waiting: dict[str, _Queued] = {}
+        self._waiting: dict[str, Queued] = {}
 
     @property
     def estimators(self) -> list[RemainingTime]:

@@ -1,7 +1,7 @@
-"""What produces a job's samples, as the iteration's driver (`actors.iterations`) sees it: one port
+"""What produces a job's samples, as the iteration's driver (`rlsched.job.iterations`) sees it: one port
 for single-turn samples and multi-turn episodes alike.
 
-A producer starts a wave (`begin`: its request ids, group by group), turns what its Ray calls
+A producer starts a wave (`begin`: its request ids, group by group), turns what its calls
 return into arrivals (`on_ready`), each carrying the oldest version of its tokens (staleness counts
 from it), and, when the core asks for an update, makes the training batch of the samples it names
 (`batch`). `Requests` here is the single-turn one: the job's generation requests on the rollout
@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actors.fleet import Fleet
-from actors.verification import JobVerification
 from rlsched.config import JobConfig
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import RequestId, Sample, SamplingParams
+from rlsched.job.ports import FleetPort
 from rlsched.job.records import generate_attrs
+from rlsched.job.verification import JobVerification
 from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.verify import DispatchPolicy, generation_order
@@ -79,7 +79,7 @@ class Requests:
         self,
         cfg: JobConfig,
         feed: ProblemFeed,
-        fleet: Fleet,
+        fleet: FleetPort,
         verification: JobVerification,
         prompting: tuple[Tokenizer, PromptFormat],
         sampling: SamplingParams,

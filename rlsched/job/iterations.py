@@ -1,12 +1,13 @@
-"""The Ray driver of the iteration core (`rlsched.core.pipeline`), for every mode: sync, async
+"""The runtime's driver of the iteration core (`rlsched.core.pipeline`), for every mode: sync, async
 (`schedule.mode`) and multi-turn alike. The core decides when each wave of requests goes out, when
 a sample goes to verification, which judged groups the trainer takes and which are too stale; this
-module only carries its effects out over the controller's actors, and turns what they return into
-the core's events.
+module only carries its effects out over the job's parts, through ports (`rlsched.job.ports`: on
+Ray, the controller's actors), and turns what they return into the core's events.
 
-One loop waits on everything at once: the producer's calls (the fleet's sample streams, or the
-episode shares of a multi-turn job: `actors.arrivals`), the instances' weight pulls, the verifier
-pools, and the training group's update in flight. `Generate` starts a wave on the producer; each
+One loop waits on everything at once (`Job.wait`: on Ray, one turn of `ray.wait`): the producer's
+calls (the fleet's sample streams, or the episode shares of a multi-turn job:
+`rlsched.job.arrivals`), the instances' weight pulls, the verifier pools, and the training group's
+update in flight. `Generate` starts a wave on the producer; each
 arrival goes to verification as the core says (an episode that arrived judged skips the verifiers);
 `Update` makes the batch and starts the ranks' steps without waiting for them; `Publish` hands the
 new version to rank 0's weight service; `Reload` starts every instance's pull without waiting (an
@@ -20,7 +21,7 @@ step, while the actors go on between its calls.
   update of step s + 1 waits until the job has taken it (its next `run_until`). No update starts
   past `grpo.steps`, nor once the job's loop means to stop (`stopping`); `step_started` tells that
   loop that the ranks have already stepped past its last commit, so that it commits that step too.
-- With the OpenAI endpoint (`actors.endpoint_link`), its ended episodes are offered to the wave
+- With the OpenAI endpoint (on Ray, `actors.endpoint_link`), its ended episodes are offered to the wave
   while it generates, rewarded ones join each update, and a reload keeps the pinned instances.
 
 Each span carries the iteration it serves: a sample's span its wave's (from the wave going out), an
@@ -33,14 +34,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actors.arrivals import Arrival, Producer
-from actors.job_port import Job
-from actors.waits import step
 from rlsched.config_params import pipeline_params, run_rules
 from rlsched.core import iteration as it
 from rlsched.core.pipeline import PipelineCore, PipelineTrace
 from rlsched.engine.protocol import RequestId
+from rlsched.job.arrivals import Arrival, Producer
 from rlsched.job.interrupt import ctrl_c
+from rlsched.job.ports import Job
 from rlsched.job.records import IterationRecord, record_of, unjudgeable
 from rlsched.metrics.spans import Span, SpanKind
 from rlsched.policy.versions import PipelineMode
@@ -156,7 +156,7 @@ class IterationRun:
                 time.sleep(min(wait_s, 0.05))  # only a transient window to wait for
                 self.producer.idle()
                 continue
-            step(c.verification.pools, others, self._on_ready, timeout_s=wait_s)
+            c.wait(others, self._on_ready, wait_s)
         return self.records.pop(step_no)
 
     def _take_settled(self) -> None:
