@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from rlsched.config import JobConfig
 from rlsched.core.fleet_io import FleetCounts
+from rlsched.core.verify_pool_io import PoolCounts
 from rlsched.engine.protocol import GenerationRequest, RequestId, Sample
 from rlsched.metrics.spans import Span
 from rlsched.policy.estimate import RemainingTime
@@ -58,6 +59,8 @@ class PoolPort(Protocol):
 
     estimator: RemainingTime
 
+    @property
+    def counts(self) -> PoolCounts: ...
     @property
     def idle(self) -> bool: ...
     def submit(
