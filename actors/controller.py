@@ -106,7 +106,7 @@ class JobController:
         for i in range(cfg.rollout.instances):
             self.fleet.add(f"rollout-{i}")
         self.orders = Orders(self.fleet, cluster, inbox, self.clock, log)
-        self._workers_pg, self._pools = workers_pg, list[VerifierPool]()
+        self._workers_pg = workers_pg
         self.verification = JobVerification(cfg, self.verifiers, self._pool, self.clock)
         self.estimator = self.verification.estimator
         self.fleet.publish(self.group.publish(start.version))
@@ -143,16 +143,14 @@ class JobController:
     ) -> VerifierPool:
         """One stage of the job's verification: its workers in the scheduler's placement group."""
         v, rewards = self.cfg.verifier, self.verifiers.rewards
-        pool = VerifierPool(
+        return VerifierPool(
             v, self.cfg.grpo.verify_retries, estimator, self.spans, self.clock, self.log, stage=stage,
             on_prepared=on_prepared, pg=self._workers_pg, rewards=rewards,
         )  # fmt: skip
-        self._pools.append(pool)
-        return pool
 
     def wait(self, others: Iterable[Any], on_ready: Callable[[Any], None], timeout_s: float) -> None:
         """The iteration driver's wait: one turn of `ray.wait` over the verifier pools and `others`."""
-        step(self._pools, others, on_ready, timeout_s=timeout_s)
+        step(self.verification.pools, others, on_ready, timeout_s=timeout_s)
 
     @property
     def cursor(self) -> int:

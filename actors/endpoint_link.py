@@ -20,7 +20,7 @@ import ray
 from actors.fleet import Fleet
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
-from rlsched.job.verification import JobVerification
+from rlsched.job.ports import VerificationPort
 from rlsched.model.checkpoint import inspect_checkpoint
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import BatchId
@@ -76,7 +76,7 @@ class EndpointLink:
             out.append((sample, JsonlProblem(j.episode_id, (), j.reference)))
         return out
 
-    def offer(self, verification: JobVerification, wave: int, batch: BatchId) -> tuple[tuple[str, int], ...]:
+    def offer(self, verification: VerificationPort, wave: int, batch: BatchId) -> tuple[tuple[str, int], ...]:
         """Hand the episodes to judge to the verifiers as wave `wave`'s samples (batch `batch`); each
         one's request id and oldest version, for the core's `Offered`."""
         offered = []

@@ -212,7 +212,7 @@ class PipelineCore:
             group = _Group(wave, tuple(versions), self._next_seq())
             group.arrived, group.judged, group.done_at = dict(versions), set(versions), at
             group.last_at = at
-            self._to_buffer(group)
+            self._to_buffer((group,))
         self.buffer_peak = max(self.buffer_peak, len(self.buffer))
 
     def start(self) -> list[Effect]:
@@ -324,39 +324,28 @@ class PipelineCore:
         self._seq = seq
         self._maybe_generate()
 
-    def _to_buffer(self, group: _Group) -> None:
-        buffer = self.buffer
+    def _to_buffer(self, groups: Sequence[_Group]) -> None:
+        """Judged groups join the buffer, kept in (wave, judged at) order: in one extend where they come,
+        in order, after every group buffered (the common case, and always so for a sync wave, whose
+        groups wait for its last): no search; else each in its place. Each is complete, so the oldest
+        version of its tokens no longer changes."""
+        buffer, low = self.buffer, self._buffer_low
         last = buffer[-1] if buffer else None
-        if (
-            last is None
-            or last.wave < group.wave
-            or (last.wave == group.wave and last.done_at <= group.done_at)
-        ):
-            buffer.append(group)  # the common case (groups judged in order): no search
-        else:
-            insort(buffer, group, key=lambda g: (g.wave, g.done_at))
-        low = group.low = min(group.arrived.values())  # complete: its versions no longer change
-        if low < self._buffer_low:
-            self._buffer_low = low
-
-    def _buffer_wave(self, done: list[_Group]) -> None:
-        """Sync: a wave's judged groups, in the order they were judged, join the buffer together: as
-        `_to_buffer` one by one, in one extend where they come after every group buffered (always so
-        in sync mode, where a wave's groups wait for the wave's last)."""
-        buffer = self.buffer
-        last = buffer[-1] if buffer else done[0]
-        wave, at, low = last.wave, last.done_at, self._buffer_low
-        for g in done:
-            if g.wave < wave or (g.wave == wave and g.done_at < at):  # out of order: one by one
-                for h in done:
-                    self._to_buffer(h)
-                return
-            wave, at = g.wave, g.done_at
-        for g in done:
-            g.low = glow = min(g.arrived.values())  # complete: its versions no longer change
+        in_order = True
+        for g in groups:
+            g.low = glow = min(g.arrived.values())
             if glow < low:
                 low = glow
-        buffer.extend(done)
+            if last is not None and (
+                g.wave < last.wave or (g.wave == last.wave and g.done_at < last.done_at)
+            ):
+                in_order = False
+            last = g
+        if in_order:
+            buffer.extend(groups)
+        else:
+            for g in groups:
+                insort(buffer, g, key=lambda h: (h.wave, h.done_at))
         self._buffer_low = low
 
     def _set_buffer(self, groups: list[_Group]) -> None:
@@ -431,7 +420,7 @@ class PipelineCore:
 
     def _buffered(self, group: _Group, wave: _Wave) -> None:
         """Async: a judged group joins the buffer at once, and an idle trainer may take a batch."""
-        self._to_buffer(group)
+        self._to_buffer((group,))
         if len(self.buffer) > self.buffer_peak:
             self.buffer_peak = len(self.buffer)
         if self.trainer is _T.IDLE:
@@ -443,7 +432,7 @@ class PipelineCore:
         wave.done.append(group)
         if wave.iteration in self.waves:
             return
-        self._buffer_wave(wave.done)
+        self._to_buffer(wave.done)
         self.buffer_peak = max(self.buffer_peak, len(self.buffer))
         if self.trainer is _T.IDLE:
             self._maybe_update()

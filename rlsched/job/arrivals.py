@@ -80,7 +80,7 @@ class Requests:
         cfg: JobConfig,
         feed: ProblemFeed,
         fleet: FleetPort,
-        verification: JobVerification,
+        verification: JobVerification[Any],
         prompting: tuple[Tokenizer, PromptFormat],
         sampling: SamplingParams,
     ) -> None:

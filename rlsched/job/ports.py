@@ -106,8 +106,8 @@ class EndpointPort(Protocol):
     """The OpenAI endpoint's part of a job (`actors.endpoint_link.EndpointLink`)."""
 
     def offer(
-        self, verification: Any, wave: int, batch: BatchId
-    ) -> tuple[tuple[str, int], ...]: ...  # the job's `VerificationPort`
+        self, verification: VerificationPort, wave: int, batch: BatchId
+    ) -> tuple[tuple[str, int], ...]: ...
     def reward(self, outcomes: dict[RequestId, Outcome]) -> dict[str, int]: ...
     def take(self, iteration: int) -> tuple[list[TrainItem], list[tuple[str, str]], dict[str, int]]: ...
 

@@ -12,7 +12,7 @@ at once, or with the whole batch for the sequential baseline.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from rlsched.config import JobConfig
 from rlsched.engine.protocol import RequestId, Sample
@@ -23,32 +23,38 @@ from rlsched.rl.task import TaskProblem, verify_kind_key
 from verifiers.loading import VerifierSet, VerifierSpecError
 from verifiers.protocol import Outcome, Prepared, Stage, VerifyRequest
 
+P = TypeVar("P", bound=PoolPort)
+P_co = TypeVar("P_co", bound=PoolPort, covariant=True)
 
-class PoolFactory(Protocol):
+
+class PoolFactory(Protocol[P_co]):
     """Makes one stage's pool (on Ray, an `actors.pool.VerifierPool`): a CPU stage hands what it
     prepared to `on_prepared`."""
 
     def __call__(
         self, stage: Stage, estimator: RemainingTime, on_prepared: OnPrepared | None = None
-    ) -> PoolPort: ...
+    ) -> P_co: ...
 
 
-class JobVerification:
+class JobVerification(Generic[P]):
+    """Generic in the pool type, so that the driver that made the pools reads them as its own
+    (`pools`: the Ray controller's wait turns on them) without a second list."""
+
     def __init__(
-        self, cfg: JobConfig, verifiers: VerifierSet, make_pool: PoolFactory, clock: Callable[[], float]
+        self, cfg: JobConfig, verifiers: VerifierSet, make_pool: PoolFactory[P], clock: Callable[[], float]
     ) -> None:
         """`make_pool`: one stage's pool; with `verifier.gpu_workers`, a GPU stage and a CPU stage that
         compiles for it, else one pool that does both."""
         self.cfg, self.verifiers, self.clock = cfg, verifiers, clock
         self.estimator = RemainingTime()  # verification times per problem, learnt as outcomes arrive
-        self.gpu_pool: PoolPort | None = None
+        self.gpu_pool: P | None = None
         if cfg.verifier.gpu_workers:  # two-stage verifiers: compile on the CPU pool, run on a GPU worker
             self.gpu_pool = make_pool("gpu", RemainingTime())
         if self.gpu_pool is None:
             self.pool = make_pool("whole", self.estimator)
         else:
             self.pool = make_pool("cpu", self.estimator, self._to_gpu_stage)
-        self.pools = [p for p in (self.pool, self.gpu_pool) if p is not None]
+        self.pools: list[P] = [p for p in (self.pool, self.gpu_pool) if p is not None]
         self._waiting: dict[str, Queued] = {}
 
     @property
