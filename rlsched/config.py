@@ -236,8 +236,9 @@ class GRPOConfig(Section):
     )
     correction: Correction = Field(
         Correction.BEHAVIOUR,
-        description="off-policy correction: behaviour (PPO against the engine's log-probs), none "
-        "(against the proximal policy, the ablation), truncated_is, or decoupled (docs/async.md)",
+        description="off-policy correction: behaviour (PPO against the engine's log-probs; at one "
+        "minibatch it keeps async's pass rate with sync's), none (against the proximal policy, the "
+        "ablation), truncated_is, or decoupled (binds from the second minibatch; docs/async.md)",
     )
     importance_cap: float = Field(
         5.0,
