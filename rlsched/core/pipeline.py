@@ -330,17 +330,15 @@ class PipelineCore:
         groups wait for its last): no search; else each in its place. Each is complete, so the oldest
         version of its tokens no longer changes."""
         buffer, low = self.buffer, self._buffer_low
-        last = buffer[-1] if buffer else None
-        in_order = True
+        last = buffer[-1] if buffer else groups[0]
+        wave, at, in_order = last.wave, last.done_at, True
         for g in groups:
             g.low = glow = min(g.arrived.values())
             if glow < low:
                 low = glow
-            if last is not None and (
-                g.wave < last.wave or (g.wave == last.wave and g.done_at < last.done_at)
-            ):
+            if g.wave < wave or (g.wave == wave and g.done_at < at):
                 in_order = False
-            last = g
+            wave, at = g.wave, g.done_at
         if in_order:
             buffer.extend(groups)
         else:
