@@ -78,6 +78,7 @@ from rlsched.policy.versions import PipelineMode, oldest_admissible, pipeline_pr
 
 _T = TrainerPhase
 _NONE_LOW = 2**62  # an empty buffer's oldest version: newer than any
+_ARRIVED, _LAST_AT, _MEMBERS = attrgetter("arrived"), attrgetter("last_at"), attrgetter("members")
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class _Group:
             seq  # its place among every group sent out (a sync step keeps the order its wave went out in)
         )
         self.arrived: dict[str, int] = {}  # request -> oldest version of its tokens
-        self.judged: set[str] = set()
+        self.judged: set[str] | None = None  # made at a many-sample group's first verdict
         self.done_at = 0.0
         self.last_at = 0.0  # when its last sample arrived
         self.low = 0  # the oldest version of its samples, set once it is judged whole and buffered
@@ -394,23 +395,32 @@ class PipelineCore:
     def _on_verdict(self, at: float, rid: str) -> None:
         groups = self.groups
         group = groups.get(rid)
-        if group is None or rid not in group.arrived or rid in group.judged:
+        if group is None or rid not in group.arrived:
             self.unexpected += 1
             return
-        judged = group.judged
-        judged.add(rid)
+        members = group.members
+        if len(members) == 1:  # the one-sample group (the simulator's per-sample path): no set, as
+            complete = True  # it leaves `groups` now, so that a second verdict finds no group
+        else:
+            judged = group.judged
+            if judged is None:
+                judged = group.judged = set()
+            elif rid in judged:
+                self.unexpected += 1
+                return
+            judged.add(rid)
+            complete = len(judged) == len(members)  # only an arrived sample is judged
         wave = group.of
         assert wave is not None  # an arrived sample's group has its wave
         wave.unjudged -= 1
         if wave.unjudged == 0 and wave.arrived == wave.requests:
             del self.waves[group.wave]
-        members = group.members
-        if len(judged) == len(members):  # complete: only an arrived sample is judged
+        if complete:
             group.done_at = at
             group.of = None  # no cycle through the wave's list of its judged groups
             wave.open_groups -= 1
             if len(members) == 1:
-                del groups[rid]  # the one-sample group: no loop (the simulator's per-sample path)
+                del groups[rid]
             else:
                 for member in members:
                     del groups[member]
@@ -457,7 +467,8 @@ class PipelineCore:
         batch = self._take_batch()
         if not batch:
             return
-        by_version = Counter(chain.from_iterable(g.arrived.values() for g in batch))  # the samples' oldest
+        # the samples' oldest versions (`map`s, not generators: this runs over every group of a step)
+        by_version = Counter(chain.from_iterable(map(dict.values, map(_ARRIVED, batch))))
         histogram = Counter({staleness(self.trained, v): n for v, n in by_version.items()})
         self.stale_histogram.update(histogram)
         self.steps += 1
@@ -469,7 +480,7 @@ class PipelineCore:
                 min(by_version),
                 min(self._wave_floor[w] for w in waves),
                 min(self._wave_started[w] for w in waves),
-                max(g.last_at for g in batch),
+                max(map(_LAST_AT, batch)),
             )
         )
         self._to(_T.UPDATING)
@@ -551,7 +562,7 @@ class PipelineCore:
 
 
 def _ids(groups: list[_Group]) -> tuple[str, ...]:
-    return tuple(r for g in groups for r in g.members)
+    return tuple(chain.from_iterable(map(_MEMBERS, groups)))
 
 
 PipelineTrace = Trace[PipelineCore, Event, Effect]
