@@ -46,6 +46,9 @@ class Held:
 
     @staticmethod
     def now() -> Held:
+        # private on purpose: Ray's public state API (`ray.util.state.list_actors`) asks the
+        # dashboard's API server, which this shared cluster leaves off (`include_dashboard=False`:
+        # start-up time and memory on two cores); without it the call fails with ServerUnavailable
         from ray._private.state import actors
         from ray.util.placement_group import placement_group_table
 
