@@ -100,7 +100,8 @@ class JobController:
         # under the cluster scheduler: the training gang's and the workers' placement groups
         trainer_pg, workers_pg = (groups[0], groups[1]) if groups else (None, None)
         self._trainer_pg = trainer_pg
-        self.group = self._training_group(start)
+        # the ranks, the instances and the verifier workers start together; then the ranks are waited on
+        starting = self._new_group()
         self.fleet = Fleet(cfg, checkpoint, store_path(cfg, out_dir), self.spans, self.clock, log)
         self.fleet.instances.pg = workers_pg
         for i in range(cfg.rollout.instances):
@@ -109,6 +110,7 @@ class JobController:
         self._workers_pg = workers_pg
         self.verification = JobVerification(cfg, self.verifiers, self._pool, self.clock)
         self.estimator = self.verification.estimator
+        self.group = self._training_group(starting, start)
         self.fleet.publish(self.group.publish(start.version))
         self.fleet.reload()
         self.fleet.wait_serving()
@@ -157,10 +159,15 @@ class JobController:
         """Training problems drawn so far (a checkpoint's data position)."""
         return self.feed.cursor
 
-    def _training_group(self, start: Start) -> TrainingGroup:
+    def _new_group(self) -> TrainingGroup:
+        """The training gang, starting (`_training_group` waits for it)."""
         cfg = self.cfg
         checkpoint = str(cfg.model.checkpoint) if cfg.model.checkpoint else None
-        group = TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed, self._trainer_pg)
+        return TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, checkpoint, cfg.run.seed, self._trainer_pg)
+
+    def _training_group(self, group: TrainingGroup, start: Start) -> TrainingGroup:
+        """`group` once its ranks have met, with `start`'s training state loaded."""
+        group.ready()
         if start.state is not None:
             steps = group.load_state(start.state)
             self.log(
@@ -175,7 +182,7 @@ class JobController:
         flight are abandoned: their samples are ignored."""
         self.group.shutdown()
         self.redone_spans += set_aside(self.spans, start.iteration)  # shared: changed in place
-        self.group = self._training_group(start)
+        self.group = self._training_group(self._new_group(), start)
         self.feed.rewind(start.cursor, start.pending.problems if start.pending else ())
         version = self.version + 1
         restarts = self.run.restarts + 1

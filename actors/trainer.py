@@ -208,7 +208,11 @@ def reserve_gang(cfg: TrainerConfig) -> PlacementGroup:
 
 
 class TrainingGroup:
-    """Handles to the gang of ranks, created together inside one placement group."""
+    """Handles to the gang of ranks, created together inside one placement group. Creating it starts
+    the ranks; `ready` waits until they have met and rank 0 serves weights. Between the two a job
+    starts its other actors, so that their processes start and load the model while the ranks' do (on
+    a cluster the job is ready after the slower of the two, not their sum; on two cores, where start-up
+    is CPU-bound, it made no measurable difference: 12.7-13.6 s either way)."""
 
     def __init__(
         self,
@@ -230,9 +234,14 @@ class TrainingGroup:
             ).remote(i, cfg.ranks, checkpoint, grpo, cfg, seed)
             for i in range(cfg.ranks)
         ]
-        address = ray.get(self.ranks[0].rendezvous_address.remote())
-        answers([r.join.remote(address) for r in self.ranks], "start")
-        self.weights_address = ray.get(self.ranks[0].serve_weights.remote(weights))
+        self._meeting = self.ranks[0].rendezvous_address.remote()
+        self._weights = weights
+
+    def ready(self) -> TrainingGroup:
+        """Wait until the ranks have met (the process group formed) and rank 0 serves weights."""
+        answers([r.join.remote(ray.get(self._meeting)) for r in self.ranks], "start")
+        ray.get(self.ranks[0].serve_weights.remote(self._weights))
+        return self
 
     def update(self, items: Sequence[TrainItem]) -> tuple[LossStats, float, float]:
         """The batch's steps on every rank (one per `grpo.minibatches`); the figures and the span."""

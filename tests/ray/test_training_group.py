@@ -46,7 +46,7 @@ def _group(*overrides: str) -> tuple[TrainingGroup, JobConfig]:
             *overrides,
         ],
     )
-    return TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, None, seed=0), cfg
+    return TrainingGroup(cfg.trainer, cfg.grpo, cfg.weights, None, seed=0).ready(), cfg
 
 
 @pytest.fixture(scope="module")
