@@ -61,8 +61,8 @@ def spans(out: Path) -> list[dict[str, Any]]:
 
 def dataset_task(path: Path, *sets: str) -> Any:
     """The dataset task of `task.key=value` settings (the section alone: eval sizes below eval's minimum)."""
-    from rlsched.config import TaskConfig
     from rlsched.config_load import apply_override
+    from rlsched.config_task import TaskConfig
     from rlsched.rl.datasets import DatasetTask
     from rlsched.rl.tasks import build_task
 

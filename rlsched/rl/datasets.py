@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlsched.config import TaskColumns, TaskConfig, TaskFormat
+from rlsched.config_task import TaskColumns, TaskConfig, TaskFormat
 from rlsched.errors import UserError
 from rlsched.model.template import Message
 from rlsched.rl.task import JsonlProblem, name_rows

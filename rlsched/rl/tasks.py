@@ -9,7 +9,7 @@ readers that need them.
 
 from __future__ import annotations
 
-from rlsched.config import TaskConfig, TaskKind
+from rlsched.config_task import TaskConfig, TaskKind
 from rlsched.rl.datasets import DatasetTask, load_dataset_task
 from rlsched.rl.task import AdditionTask, JsonlTask
 from rlsched.rl.word_problems import ArithmeticTask

@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rlsched.config import ArithmeticLevel
+from rlsched.config_task import ArithmeticLevel
 from rlsched.errors import UserError
 from rlsched.model.template import Message
 from rlsched.rl.task import JsonlProblem

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlsched.config import TaskFormat, load_config
+from rlsched.config import load_config
+from rlsched.config_task import TaskFormat
 from rlsched.errors import UserError
 from rlsched.rl.datasets import DatasetTask, read_source, resolve_format
 from rlsched.rl.tasks import build_task

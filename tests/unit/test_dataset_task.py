@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rlsched.config import TaskConfig, load_config
+from rlsched.config import load_config
+from rlsched.config_task import TaskConfig
 from rlsched.errors import UserError
 from rlsched.model.template import Message
 from rlsched.rl.datasets import DatasetTask

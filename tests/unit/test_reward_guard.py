@@ -11,7 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlsched.config import GRPOConfig, TaskConfig
+from rlsched.config import GRPOConfig
+from rlsched.config_task import TaskConfig
 from rlsched.model.checkpoint import load_checkpoint
 from rlsched.rl.update import TrainItem, TrainOptions, grpo_update, skipped_note, update_batch
 from verifiers.loading import load_verifier

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from rlsched.config import ArithmeticLevel, load_config
+from rlsched.config import load_config
+from rlsched.config_task import ArithmeticLevel
 from rlsched.errors import UserError
 from rlsched.rl.tasks import build_task
 from rlsched.rl.word_problems import ANSWER_FORMAT, LEVELS, ArithmeticTask, problem_id
