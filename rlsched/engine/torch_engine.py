@@ -12,7 +12,8 @@ cache; the rest wait in arrival order. Every step:
 2. *decode* - every live row feeds its latest token, one forward for all of them;
 3. *finish* - a row whose token is a stop token, completes a stop string, reaches `max_tokens` or the
    context, or was aborted, yields its sample at once and frees its row, which the next queued
-   request takes at the next step (the last live row moves into it, so rows stay contiguous).
+   request takes at the next step (the last live row moves into it, so rows stay contiguous). A
+   row's state and these rules are `rlsched.engine.rows`.
 
 Resuming: a request's `resume_ids` (output an earlier attempt generated) are prefilled with its
 prompt; their log-probabilities are recomputed under the current weights from the prefill logits,
@@ -28,9 +29,7 @@ and the logits come back to the CPU, where sampling runs with the requests' own 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,9 +48,7 @@ from rlsched.engine.kv_attention import (
 )
 from rlsched.engine.prefix_cache import BLOCK, PrefixCache
 from rlsched.engine.protocol import (
-    FinishReason,
     GenerationRequest,
-    Partial,
     PartialSink,
     RequestId,
     RequestRejected,
@@ -61,6 +58,7 @@ from rlsched.engine.protocol import (
     WeightVersion,
     check_fits,
 )
+from rlsched.engine.rows import Reporter, Row, finish_reason, finished_before, to_sample
 from rlsched.engine.sampling import RowSamplers, repetition_penalized, select_tokens, top_logprobs
 from rlsched.engine.staging import ModelStage
 from rlsched.engine.turns import Turns
@@ -69,32 +67,6 @@ from rlsched.model.precision import bf16_native
 from rlsched.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from rlsched.policy.versions import SwapKV
 from rlsched.transfer.manifest import Buffer
-
-
-@dataclass
-class _Row:
-    """A live request: its cache row's span and what it has produced."""
-
-    req: GenerationRequest
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)  # output so far: resumed, then new
-    logprobs: list[float] = field(default_factory=list)
-    detok: IncrementalDetokenizer | None = None
-    stop_reason: str | int | None = None
-    text_end: int | None = None  # where a stop string begins in the text
-    reported: int = 0  # output tokens already handed to the partial sink
-    base: int = 0  # first real slot of its cache row (left padding before it)
-    end: int = 0  # the slot its next fed token goes to
-    fed: int = 0  # tokens in the cache (the position of the next fed token)
-    cached: int = 0  # prompt tokens copied in from the prefix cache
-    finish: FinishReason = FinishReason.STOP  # set when it finishes
-    spans: list[tuple[int, int]] = field(default_factory=list)  # (version, first output token it sampled)
-    kv_version: int = 0  # the version its cache's keys and values were computed under
-
-    @property
-    def length(self) -> int:
-        """Prompt plus every output token so far (resumed and new)."""
-        return len(self.req.prompt_ids) + len(self.tokens)
 
 
 def engine_dtype(name: str) -> torch.dtype:
@@ -227,7 +199,7 @@ class TorchRolloutEngine:
         for req in requests:
             self.check(req)
         if requests:
-            reporter = _Reporter(on_partial, partial_every_s) if on_partial else None
+            reporter = Reporter(on_partial, partial_every_s) if on_partial else None
             intake = Intake(requests)
             intake.close()
             yield from self._serve(intake, reporter, None)
@@ -242,7 +214,7 @@ class TorchRolloutEngine:
 
     @torch.inference_mode()
     def _serve(
-        self, intake: Intake, reporter: _Reporter | None, on_tokens: TokenSink | None
+        self, intake: Intake, reporter: Reporter | None, on_tokens: TokenSink | None
     ) -> Iterator[Sample]:
         while True:
             self._turns.take()  # one batch loop at a time runs on the cache (a serve idles without it)
@@ -254,10 +226,10 @@ class TorchRolloutEngine:
                 return  # closed and drained
 
     def _run_batch(
-        self, intake: Intake, reporter: _Reporter | None, on_tokens: TokenSink | None
+        self, intake: Intake, reporter: Reporter | None, on_tokens: TokenSink | None
     ) -> Iterator[Sample]:
         """Steps until no row is live and nothing waits."""
-        live: list[_Row] = []
+        live: list[Row] = []
         self._events = on_tokens
         if not intake.open and len(intake):
             self._cache_for(intake.pending())  # a closed batch: the whole cache at once
@@ -299,7 +271,7 @@ class TorchRolloutEngine:
         self._cache = grown
         return grown
 
-    def _admit(self, reqs: list[GenerationRequest], live: list[_Row]) -> Iterator[Sample]:
+    def _admit(self, reqs: list[GenerationRequest], live: list[Row]) -> Iterator[Sample]:
         """Prefill newcomers into the rows after the live ones; each takes its first token."""
         reqs, rows = self._rows_for(reqs)
         if not reqs:
@@ -401,7 +373,7 @@ class TorchRolloutEngine:
         )
         return self._forward(ids, positions, step, min(keep, t))
 
-    def _decode(self, live: list[_Row]) -> Iterator[Sample]:
+    def _decode(self, live: list[Row]) -> Iterator[Sample]:
         """One token for every live row: feed each row's latest token, then sample the next."""
         b = len(live)
         used = max(r.end for r in live) + 1  # each row writes its fed token at slot `end`
@@ -415,7 +387,7 @@ class TorchRolloutEngine:
             last = self._decode_logits(live, cache)
         yield from self._advance(live, cache, last, range(b))
 
-    def _decode_logits(self, live: list[_Row], cache: SlotCache) -> torch.Tensor:
+    def _decode_logits(self, live: list[Row], cache: SlotCache) -> torch.Tensor:
         """Each live row's latest token fed (its keys and values written), the next token's logits."""
         b = len(live)
         ids = torch.tensor([[r.tokens[-1]] for r in live])
@@ -439,7 +411,7 @@ class TorchRolloutEngine:
             r.end += 1
         return last
 
-    def _recompute_stale(self, live: list[_Row], cache: SlotCache) -> None:
+    def _recompute_stale(self, live: list[Row], cache: SlotCache) -> None:
         """After an in-flight swap, the keys and values of the tokens each running row has fed so far,
         computed anew under the version now in (one prefill per cache layout: rows admitted
         together share one), in place: each row keeps its slots."""
@@ -454,7 +426,7 @@ class TorchRolloutEngine:
                 live[i].kv_version = self._ran
             self.recomputed_tokens += sum(len(seq) for seq in seqs)
 
-    def _recompute(self, live: list[_Row], cache: SlotCache) -> Iterator[Sample]:
+    def _recompute(self, live: list[Row], cache: SlotCache) -> Iterator[Sample]:
         """The no-cache baseline: every live sequence run whole, its last logits sampled."""
         seqs = [(*r.req.prompt_ids, *r.tokens) for r in live]
         width = max(len(s) for s in seqs)
@@ -478,7 +450,7 @@ class TorchRolloutEngine:
         return out.logits.float().cpu()  # sampling runs on the CPU, with the requests' own generators
 
     def _advance(
-        self, live: list[_Row], cache: SlotCache, last: torch.Tensor, which: range
+        self, live: list[Row], cache: SlotCache, last: torch.Tensor, which: range
     ) -> Iterator[Sample]:
         """Rows `which` of `live` take their next token from `last` [len(which), V]; finished rows
         yield their sample and leave (the last live row moves into the freed cache row)."""
@@ -496,7 +468,7 @@ class TorchRolloutEngine:
         done: list[int] = []
         events: list[TokenEvent] = []
         for i, row, tok, lp, top in zip(which, rows, tokens, chosen, tops, strict=True):
-            if self._finished_before(row):
+            if finished_before(row, self.context_length, self._take_abort):
                 done.append(i)
                 continue
             if row.spans[-1][0] != self._ran:  # a version swapped in while it ran samples from here on
@@ -504,7 +476,7 @@ class TorchRolloutEngine:
             row.tokens.append(tok)
             row.logprobs.append(lp)
             events.append(TokenEvent(row.req.request_id, tok, lp, top))
-            if self._finish_reason(row) is not None:
+            if finish_reason(row, self.context_length, self._take_abort) is not None:
                 done.append(i)
         if self._events is not None and events:
             self._events(events)
@@ -513,16 +485,16 @@ class TorchRolloutEngine:
             if self.prefix_cache is not None and row.kv_version == self._version:  # the next turn starts so
                 fed = (*row.req.prompt_ids, *row.tokens)[: row.fed]
                 self.prefix_cache.store(fed, cache, i, row.base)
-            yield self._sample(row, row.finish)
+            yield to_sample(row, row.finish, self.tokenizer)
             moved = live.pop()
             if i < len(live):
                 cache.copy_row(len(live), i, moved.end)
                 live[i] = moved
 
-    def _rows_for(self, reqs: list[GenerationRequest]) -> tuple[list[GenerationRequest], list[_Row]]:
+    def _rows_for(self, reqs: list[GenerationRequest]) -> tuple[list[GenerationRequest], list[Row]]:
         """A row for each request; one whose row cannot be made is handed to `on_request_error`."""
         kept: list[GenerationRequest] = []
-        rows: list[_Row] = []
+        rows: list[Row] = []
         for req in reqs:
             try:
                 rows.append(self._new_row(req))
@@ -533,14 +505,14 @@ class TorchRolloutEngine:
                 self.on_request_error(req.request_id, err)
         return kept, rows
 
-    def _new_row(self, req: GenerationRequest) -> _Row:
+    def _new_row(self, req: GenerationRequest) -> Row:
         gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
-        row = _Row(req=req, generator=gen, reported=len(req.resume_ids))
+        row = Row(req=req, generator=gen, reported=len(req.resume_ids))
         if req.params.stop:
             row.detok = IncrementalDetokenizer(self.tokenizer)
         return row
 
-    def _resume_logprobs(self, row: _Row, logits: torch.Tensor) -> None:
+    def _resume_logprobs(self, row: Row, logits: torch.Tensor) -> None:
         """Log-probs of resumed tokens under the current weights, from the prefill logits [keep, V]
         (the logits at position p predict the token at p + 1; the last one predicts the next token)."""
         n = len(row.req.resume_ids)
@@ -555,93 +527,9 @@ class TorchRolloutEngine:
             for t in row.req.resume_ids:
                 row.detok.push(t)
 
-    def _finished_before(self, row: _Row) -> bool:
-        """Resumed tokens may already have spent the budget or the context; an abort may have come
-        first. Checked before a newcomer takes its first token."""
-        if row.tokens and len(row.tokens) > len(row.req.resume_ids):
-            return False  # has generated already: its own checks ran
-        if row.req.params.max_tokens <= len(row.tokens) or row.length >= self.context_length:
-            row.finish = FinishReason.LENGTH
-            return True
-        if self._take_abort(row.req.request_id):
-            row.finish = FinishReason.ABORT
-            return True
-        return False
-
     def _take_abort(self, rid: RequestId) -> bool:
         with self._lock:
             if rid in self._aborted:
                 self._aborted.discard(rid)
                 return True
         return False
-
-    def _finish_reason(self, row: _Row) -> FinishReason | None:
-        tok = row.tokens[-1]
-        params = row.req.params
-        reason: FinishReason | None = None
-        if tok in params.stop_token_ids:
-            row.stop_reason = tok
-            reason = FinishReason.STOP
-        elif row.detok is not None and self._hit_stop_string(row, tok):
-            reason = FinishReason.STOP
-        elif len(row.tokens) >= params.max_tokens or row.length >= self.context_length:
-            reason = FinishReason.LENGTH
-        elif self._take_abort(row.req.request_id):
-            reason = FinishReason.ABORT
-        if reason is not None:
-            row.finish = reason
-        return reason
-
-    def _hit_stop_string(self, row: _Row, tok: int) -> bool:
-        assert row.detok is not None
-        delta = row.detok.push(tok)
-        if not delta:
-            return False
-        text = row.detok.text
-        for stop in row.req.params.stop:
-            found = text.find(stop, max(0, len(text) - len(delta) - len(stop) + 1))
-            if found >= 0:
-                row.stop_reason, row.text_end = stop, found
-                return True
-        return False
-
-    def _sample(self, row: _Row, reason: FinishReason) -> Sample:
-        if row.detok is not None and row.text_end is not None:
-            text = row.detok.text[: row.text_end]
-        else:
-            text = self.tokenizer.decode(row.tokens)
-        return Sample(
-            request_id=row.req.request_id,
-            prompt_ids=row.req.prompt_ids,
-            token_ids=tuple(row.tokens),
-            logprobs=tuple(row.logprobs),
-            text=text,
-            finish_reason=reason,
-            weight_version=WeightVersion(row.spans[-1][0]),
-            stop_reason=row.stop_reason,
-            resumed_tokens=len(row.req.resume_ids),
-            cached_tokens=row.cached,
-            version_spans=tuple(row.spans) if len(row.spans) > 1 else (),
-        )
-
-
-class _Reporter:
-    """Hands each live row's new tokens to the partial sink every `every_s` seconds."""
-
-    def __init__(self, sink: PartialSink, every_s: float) -> None:
-        self.sink, self.every_s = sink, every_s
-        self.last = time.monotonic()
-
-    def maybe_report(self, rows: list[_Row]) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every_s:
-            return
-        self.last = now
-        out = []
-        for row in rows:
-            start = row.reported
-            out.append(
-                Partial(row.req.request_id, start, tuple(row.tokens[start:]), tuple(row.logprobs[start:]))
-            )
-            row.reported = len(row.tokens)
-        self.sink(out)

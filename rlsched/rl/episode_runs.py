@@ -127,11 +127,16 @@ def fault_outcome(run: EpisodeRun) -> ExecutionFault:
 
 
 def train_batch(runs: Sequence[EpisodeRun], train_truncated: bool) -> EpisodeBatch:
-    """The scored episodes as a batch (faults left out, and truncated ones unless trained on)."""
+    """The scored episodes as a batch (faults left out, and truncated ones unless trained on). An
+    episode whose wall-time limit ran out before its first reply has no tokens to train on: it is
+    left out too (it still counts in the iteration's figures)."""
     usable = [
         r.episode
         for r in runs
-        if r.fault is None and r.episode.reward is not None and (train_truncated or not r.truncated)
+        if r.fault is None
+        and r.episode.reward is not None
+        and r.episode.turns
+        and (train_truncated or not r.truncated)
     ]
     return episode_batch(usable, keep_mixed=True)
 

@@ -153,7 +153,11 @@ def test_limits_end_episodes_with_typed_reasons(trained: Model) -> None:
     assert run.episode.ended is EndReason.WALL_TIME and run.turns <= 1
     run.episode.reward = 0.0
     assert er.train_items([run], train_truncated=False) == []
-    assert len(er.train_items([run], train_truncated=True)) == 1
+    # trained on only where it took a turn: one whose wall time ran out before its first reply has
+    # nothing to train (on a loaded machine this one may be it; CI found it so)
+    assert len(er.train_items([run], train_truncated=True)) == min(run.turns, 1)
+    run.episode.turns.clear()
+    assert er.train_items([run], train_truncated=True) == []
 
 
 def test_an_environment_that_cannot_be_prepared_is_retried_then_a_fault(
