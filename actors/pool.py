@@ -34,8 +34,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.demand import actor_options
 from actors.verifier import Heartbeat, VerifierWorker, WorkerProcess
 from actors.waits import step
-from rlsched.config import VerifierConfig
 from rlsched.config_params import pool_params, worker_bundle
+from rlsched.config_verifier import VerifierConfig
 from rlsched.core import verify_pool_io as vx
 from rlsched.core.verify_pool import PoolTrace, VerifyPoolCore
 from rlsched.errors import UserError

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsched.config import JobConfig, RolloutConfig, TrainerConfig, VerifierConfig
+from rlsched.config import JobConfig, RolloutConfig, TrainerConfig
+from rlsched.config_verifier import VerifierConfig
 from rlsched.core import fleet_io as fx
 from rlsched.core import verify_pool_io as vx
 from rlsched.core.cluster_io import JobSpec

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from rlsched.config import VerifierConfig
+from rlsched.config_verifier import VerifierConfig
 from rlsched.core.verify_pool import VerifyPoolCore
 from rlsched.core.verify_pool_io import (
     Effect,

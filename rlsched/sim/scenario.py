@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from rlsched.config import JobConfig, TimeoutConfig, TransientInstance, load_config
+from rlsched.config import JobConfig, TransientInstance, load_config
 from rlsched.config_load import Section, load_tree
 from rlsched.config_params import training_devices
+from rlsched.config_verifier import TimeoutConfig
 from rlsched.errors import UserError
 from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.verify import DispatchPolicy

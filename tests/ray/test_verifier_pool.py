@@ -16,7 +16,7 @@ import pytest
 
 from actors.pool import VerifierPool
 from actors.waits import step
-from rlsched.config import TimeoutConfig, VerifierConfig
+from rlsched.config_verifier import TimeoutConfig, VerifierConfig
 from rlsched.metrics.spans import Span
 from rlsched.policy.estimate import RemainingTime
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
