@@ -95,6 +95,19 @@ def require_vllm() -> Any:
     return vllm
 
 
+def _executor_backend(vllm: Any) -> str | None:
+    """On a CPU, the model runs inside vLLM's engine-core process ("uni"), not in a worker process of
+    its own: one process and one import of vLLM fewer (the shipped base's engine started in 17.5 s
+    instead of 24.9 s on a 2-core AVX2 machine, and stopped in 3.2 s instead of 5.0 s). vLLM's CPU
+    platform takes "uni" only with VLLM_ENABLE_V1_MULTIPROCESSING=0, which `AsyncLLM` itself does not
+    read (its engine core is a process apart either way); a user who sets it to 1 keeps the worker
+    process. Elsewhere vLLM picks (one GPU: "uni" already)."""
+    if not vllm.platforms.current_platform.is_cpu():
+        return None
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return "uni"
+
+
 def check_checkpoint(path: Path) -> CheckpointInfo:
     """Refuse at load a checkpoint vLLM cannot serve, naming why; what it is otherwise."""
     info = inspect_checkpoint(path)
@@ -206,6 +219,7 @@ class VllmRolloutEngine:
             max_model_len=self._context,
             max_num_seqs=max_batch,
             enforce_eager=True,
+            distributed_executor_backend=_executor_backend(vllm),
             seed=seed,
             enable_prefix_caching=True,
             scheduling_policy="priority",  # the endpoint's `priority`, lower first; then arrival order
