@@ -4,12 +4,14 @@ waiting on a running job's outputs (its committed iterations, its timeline)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +35,6 @@ def rlsched(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-# between polls that run the `rlsched` command: each is a Ray driver connecting to the cluster (about
-# 2 s of a core), and at the default pace they took most of a core from the job they wait for
-CLI_POLL_S = 3.0
-
-
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 300.0, every_s: float = 0.5) -> Any:
     """Poll `check` every `every_s` seconds until it gives something true, and return that; fail
     after `timeout_s`."""
@@ -46,6 +43,58 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 300.0, ever
         assert time.monotonic() < give_up, f"timed out waiting for {what}"
         time.sleep(every_s)
     return got
+
+
+class Printed:
+    """A running command's output, read by threads as it is printed: a test waits for a line the job
+    prints, as a user watching it would, instead of polling. A poll of `rlsched scale --json` is a Ray
+    driver connecting, about 2 s of a core each time, taken from the job being waited for."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self._lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read, args=(name, stream), daemon=True)
+            for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
+            if stream is not None
+        ]
+        self._open = len(self._readers)
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, name: str, stream: IO[str]) -> None:
+        for line in stream:
+            with self._changed:
+                self._lines[name].append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._open -= 1
+            self._changed.notify_all()
+
+    def wait_for_line(self, pattern: str, what: str, timeout_s: float = 300.0) -> str:
+        """The first line of stdout that `pattern` matches, once printed; fail after `timeout_s` or
+        when the output ends without one."""
+        regex, seen = re.compile(pattern), 0
+        give_up = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                lines = self._lines["stdout"]
+                hit = next((line for line in lines[seen:] if regex.search(line)), None)
+                if hit is not None:
+                    return hit
+                seen = len(lines)
+                left = give_up - time.monotonic()
+                assert left > 0, f"timed out waiting for {what}"
+                assert self._open > 0, f"the output ended before {what}:\n{''.join(lines[-40:])}"
+                self._changed.wait(left)
+
+    def finish(self, timeout_s: float) -> tuple[str, str]:
+        """Wait for the command to end; all it printed, stdout and stderr."""
+        self.proc.wait(timeout_s)
+        for reader in self._readers:
+            reader.join(timeout_s)
+        return "".join(self._lines["stdout"]), "".join(self._lines["stderr"])
 
 
 def committed(out: Path) -> int:

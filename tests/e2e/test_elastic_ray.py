@@ -31,7 +31,7 @@ from rlsched.core.fleet_io import (
 )
 from rlsched.sim.replay import compare, replay
 from rlsched.store.traces import load_trace
-from tests.helpers import ROOT, committed, rlsched, spans, wait_for
+from tests.helpers import ROOT, Printed, committed, rlsched, spans, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The job runs as a user runs it; while it runs, `rlsched scale` adds an instance during
-    iteration 3 and, once it serves, removes it again (it drains)."""
+    iteration 3 and, once it has joined (the job prints it), removes it again (it drains)."""
     out = tmp_path_factory.mktemp("runs") / "elastic"
     job = subprocess.Popen(
         [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/elastic.yaml", "--out", str(out),
@@ -49,22 +49,15 @@ def elastic_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
          "--set", "grpo.time_budget_s=1800"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
+    printed = Printed(job)
     try:
         wait_for(lambda: committed(out) >= 2, "iteration 2 to commit")
         added = rlsched("scale", "elastic", "--add", "1")
         assert added.returncode == 0, added.stderr
-
-        def scaled_serves() -> bool:
-            shown = rlsched("scale", "elastic", "--json")
-            state = json.loads(shown.stdout or "{}").get("instances", {}).get("scaled-1", {}).get("state")
-            return state == "ready"
-
-        # each poll is a Ray driver connecting (about 2 s of a core): not at the default pace, which
-        # took most of a core from the job, nor so slowly that the job ends before scaled-1 is removed
-        wait_for(scaled_serves, "scaled-1 to be READY", timeout_s=120, every_s=1.5)
+        printed.wait_for_line(r"^scaled-1 joined at v", "scaled-1 to be READY", timeout_s=120)
         removed = rlsched("scale", "elastic", "--remove", "scaled-1")
         assert removed.returncode == 0, removed.stderr
-        stdout, stderr = job.communicate(timeout=600)
+        stdout, stderr = printed.finish(timeout_s=600)
     finally:
         job.kill()
     assert job.returncode == 0, stdout[-3000:] + stderr[-3000:]

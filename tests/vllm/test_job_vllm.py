@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, committed, rlsched, spans, wait_for
+from tests.helpers import ROOT, Printed, committed, rlsched, spans, wait_for
 
 pytest.importorskip("vllm")
 
@@ -40,11 +40,6 @@ OVERRIDES = [
 ]
 
 
-def state_of(job: str, name: str) -> str | None:
-    shown = rlsched("scale", job, "--json")
-    return json.loads(shown.stdout or "{}").get("instances", {}).get(name, {}).get("state")
-
-
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
     out = tmp_path_factory.mktemp("runs") / "vllm-job"
@@ -61,15 +56,16 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
     job = subprocess.Popen(
         [*command, *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
     )
+    printed = Printed(job)
     try:
         wait_for(lambda: committed(out) >= 2, "iteration 2 to commit", timeout_s=400)
         assert rlsched("scale", out.name, "--add", "1").returncode == 0
-        wait_for(lambda: state_of(out.name, "scaled-1") == "ready", "scaled-1 to be READY", timeout_s=300)
+        printed.wait_for_line(r"^scaled-1 joined at v", "scaled-1 to be READY", timeout_s=300)
         served_from = committed(out) + 1
         wait_for(lambda: committed(out) >= served_from + 1, "scaled-1 to serve an iteration", timeout_s=120)
         removed = rlsched("scale", out.name, "--remove", "scaled-1", "--preempt")
         assert removed.returncode == 0, removed.stderr
-        stdout, _ = job.communicate(timeout=900)
+        stdout, _ = printed.finish(timeout_s=900)
     finally:
         job.kill()
     assert job.returncode == 0, stdout[-4000:]
