@@ -28,9 +28,10 @@ from rlsched.config import JobConfig
 from rlsched.config_params import job_spec, run_rules
 from rlsched.core.fleet import FleetTrace
 from rlsched.errors import TrainingFault, UserError
+from rlsched.job.capacity import check_capacity, probe_address
 from rlsched.job.durability import JobLog, ResumePlan, plan_resume, span_words
 from rlsched.job.interrupt import Terminated, ctrl_c
-from rlsched.job.preflight import check_capacity, preflight, probe_address
+from rlsched.job.preflight import preflight
 from rlsched.job.records import commit_record
 from rlsched.job.registry import record_job
 from rlsched.job.report import JobReport, iteration_line, write_report

@@ -41,6 +41,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     out_dir = _run_dir(args, cfg.run.out_dir)
+    if not args.local:
+        from rlsched.job.capacity import refuse_early
+
+        refuse_early(cfg, args.address)  # before torch and the job's modules are imported
     import torch
 
     torch.set_num_threads(cfg.run.threads)

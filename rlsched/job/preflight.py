@@ -7,13 +7,13 @@ can be written, the partial-output store opens, and the engine can serve the che
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 from rlsched.config import EngineKind, JobConfig
-from rlsched.config_params import embedded_resources, shortfall, store_path
+from rlsched.config_params import embedded_resources, store_path
 from rlsched.engine.protocol import SamplingParams
 from rlsched.errors import UserError
+from rlsched.job.capacity import check_capacity
 from rlsched.job.durability import checkpoint_root
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
 from rlsched.model.tokenizer import Tokenizer
@@ -22,35 +22,6 @@ from rlsched.rl import agent as ag
 from rlsched.rl.task import check_prompts
 from rlsched.rl.tasks import build_task
 from rlsched.store.partial import PartialStore, StoreError
-
-
-def check_capacity(cfg: JobConfig, have: dict[str, float]) -> None:
-    """Refuse at once a job the cluster (`have`: its resources) can never host, naming each resource
-    that falls short."""
-    short = shortfall(cfg, have)
-    if short:
-        raise UserError(
-            "the cluster cannot host this job (" + "; ".join(short) + "). Lower trainer.ranks, "
-            "rollout.instances or verifier.workers (or their per-actor resources), raise "
-            "cluster.num_cpus / cluster.num_gpus for the embedded cluster, or add nodes"
-        )
-
-
-def probe_address(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on an address nothing answers at: ray.init would retry for minutes."""
-    if address == "auto":
-        return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise UserError(f"--address {address!r} is not host:port (or 'auto', or ray://host:port)")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as err:
-        raise UserError(
-            f"cannot reach the Ray cluster at {address!r} ({err.strerror or err}); check the "
-            "head node's address and port and that the cluster is running"
-        ) from None
 
 
 def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str | None:

@@ -3,8 +3,9 @@
 the weights agree at the end, and the curve is the uninterrupted run's. `scripts/chaos.py` runs the
 longer, randomized soak, one fault to a run.
 
-The faults that need no cluster of their own but the driver's SIGKILL land in turn in one run
-(`IN_ONE_RUN`): a run for each cost three job starts more (about 100 s of CI). `trainer_node` (every
+The faults that need no cluster of their own land in turn in one run (`IN_ONE_RUN`): a run for each
+cost four job starts more (about 140 s of CI; the driver's SIGKILL alone, a run and its reference's
+length besides, 75 s). `trainer_node` (every
 rank's process killed, the weight service's host among them) is covered by the whole node's
 removal below, which kills the same processes and the node's raylet besides, so the group is
 rebuilt on another node; its own trial cost 41 s of CI (it runs in the soak)."""
@@ -30,7 +31,6 @@ from rlsched.chaos import (
     command,
     curve,
     run_faults,
-    run_trial,
 )
 from tests.e2e.test_run_ray import ROOT, settled_ray_processes
 
@@ -52,13 +52,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Any, ...]]
 
 
 # the faults of one run, in turn, each once the one before is recovered from: (fault, the iteration
-# committed when it lands, 0.3 s later). One run instead of one each saves three job starts (about
-# 100 s of CI); every fault is still recovered from and the run checked whole against the reference.
+# committed when it lands, 0.3 s later). One run instead of one each saves four job starts (about
+# 140 s of CI); every fault is still recovered from and the run checked whole against the reference.
 IN_ONE_RUN = [
-    (Fault.SIGTERM, 1),  # a preemption's notice: checkpoint, exit 3, then `--resume`
+    (Fault.SIGTERM, 1),  # a preemption's notice: checkpoint, exit 3, then `--resume` (run 2)
     (Fault.ROLLOUT_INSTANCE, 3),  # a replacement instance; the requests it held generated elsewhere
     (Fault.TRAINER_RANK, 5),  # the group rebuilt from the checkpoint of 4: committed iteration 5 redone
     (Fault.VERIFIER_WORKER, 7),  # a replacement worker; the samples it held judged again
+    (Fault.DRIVER, 9),  # SIGKILL mid-iteration 10, then `--resume` (run 3) from the checkpoint of 8
 ]
 
 
@@ -76,42 +77,37 @@ def test_each_fault_in_turn_in_one_run_is_recovered_with_nothing_lost_or_used_tw
     assert problems == [], f"{problems}\n{trial.log}"
     db = sqlite3.connect(out / "commit.sqlite")
     kinds = [kind for (kind,) in db.execute("SELECT kind FROM events ORDER BY seq")]
-    redone = {i for (i,) in db.execute("SELECT iteration FROM redone")}
-    assert kinds.count("resume") == 1 and kinds.count("recovered") == 1, kinds
+    assert kinds.count("resume") == 2 and kinds.count("recovered") == 1, kinds
     rank = trial.landings[2]
     checkpoint = rank.at_kill // 2 * 2  # the kill's iteration runs again from there, and any after it
-    assert set(range(checkpoint + 1, rank.at_kill + 1)) <= redone, (rank, redone)
+    redone_in_run_2 = {i for (i,) in db.execute("SELECT iteration FROM redone WHERE redone_by = 2")}
+    assert set(range(checkpoint + 1, rank.at_kill + 1)) <= redone_in_run_2, (rank, redone_in_run_2)
+    assert_the_driver_kill_redid_only_what_its_checkpoint_lacks(out, db, trial.landings[4], trial.log)
     assert "Traceback" not in trial.log
     assert settled_ray_processes() == []
     print("; ".join(f"{x.fault} after {x.at_kill}: regained in {x.recovery_s:.1f} s" for x in trial.landings))
 
 
-def test_sigkill_of_the_driver_mid_iteration_then_resume_redoes_only_what_the_checkpoint_lacks(
-    tmp_path: Path, reference: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+def assert_the_driver_kill_redid_only_what_its_checkpoint_lacks(
+    out: Path, db: sqlite3.Connection, kill: Landing, log: str
 ) -> None:
-    """Killed 0.3 s into iteration 4 (checkpoints every 2): `--resume` loads the checkpoint of
-    iteration 2, runs 3 again under attempt 2's sample ids (attempt 1's record kept in `redone`), and
-    the curve is the uninterrupted run's, loss for loss."""
-    monkeypatch.chdir(ROOT)
-    out = tmp_path / "run"
-    trial = run_trial(command("configs/jobs/quickstart.yaml", SETS), out, Fault.DRIVER, 3, 0.3)
-    assert trial.ok, f"{trial.problems}\n{trial.log}"
-    assert check_run(out, STEPS, PROMPTS * GROUP, reference=reference) == []
-    resumed_from = re.search(
-        r"resuming .* after iteration (\d+), from the checkpoint of iteration \1", trial.log
-    )
-    assert resumed_from, trial.log
-    checkpoint = int(resumed_from.group(1))
-    newest = trial.at_kill // 2 * 2  # 2, unless a fast machine passed iteration 4 before the kill
+    """Killed 0.3 s into iteration 10 (checkpoints every 2): `--resume` (run 3) loads the checkpoint
+    of iteration 8, runs 9 again under run 3's sample ids (run 2's record kept in `redone`), and the
+    curve is the uninterrupted run's, loss for loss (`check_run`)."""
+    resumes = re.findall(r"^resuming .* after iteration (\d+), from ([^;]+)", log, re.MULTILINE)
+    assert len(resumes) == 2, log  # the SIGTERM's resume, then the SIGKILL's
+    after, source = resumes[-1]
+    assert source == f"the checkpoint of iteration {after}", log
+    checkpoint = int(after)
+    newest = kill.at_kill // 2 * 2  # 8, unless a fast machine passed iteration 10 before the kill
     assert checkpoint in (newest, newest - 2)  # the one before, when the kill landed in the newest's save
-    db = sqlite3.connect(out / "commit.sqlite")
-    redone = db.execute("SELECT iteration, attempt FROM redone ORDER BY iteration").fetchall()
-    assert redone == [(i, 1) for i in range(checkpoint + 1, trial.at_kill + 1)]  # by the killed run
+    by_run_3 = "SELECT iteration, attempt FROM redone WHERE redone_by = 3 ORDER BY iteration"
+    redone = db.execute(by_run_3).fetchall()
+    assert redone == [(i, 2) for i in range(checkpoint + 1, kill.at_kill + 1)]  # by the killed run 2
     resumed = db.execute("SELECT sample_id FROM samples WHERE iteration > ?", (checkpoint,)).fetchall()
-    assert {s.rsplit("@", 1)[1] for (s,) in resumed} == {"2"}
+    assert resumed and {s.rsplit("@", 1)[1] for (s,) in resumed} == {"3"}
     report = json.loads((out / "report.json").read_text())
     assert report["durability"]["commit_fraction_of_iteration"] < 0.02  # the commit alone
-    assert settled_ray_processes() == []
 
 
 def test_a_whole_node_removed_mid_iteration_takes_the_ranks_and_the_job_rebuilds_them_on_another(

