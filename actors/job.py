@@ -252,6 +252,9 @@ def _iterate_logged(
             if rules.out_of_time(train_s()) and not controller.stop_training(it):
                 log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
                 break
+            if controller.orders.finish_asked and not controller.stop_training(it):
+                log(f"finishing after {it - 1} iterations, as `rlsched finish` asked")
+                break
             try:
                 row, line = _one_iteration(cfg, controller, it)
                 job_log.commit(it, controller, row, train_s())  # fsync'ed before the next iteration counts

@@ -1,7 +1,8 @@
 """What reaches a running job from outside, and what it says when only outside help can move it on.
 
 - `rlsched scale JOB ...` drops commands in the job's inbox (`actors.scale`); the fleet takes them
-  and the inbox gets the fleet's state back, for `rlsched scale JOB` to show.
+  and the inbox gets the fleet's state back, for `rlsched scale JOB` to show. `rlsched finish JOB`
+  drops one that ends the job after the iteration in progress (`finish_asked`).
 - Under the cluster scheduler (`actors.cluster`), each poll's answer grants elastic parts (they
   join the fleet), reclaims some (preempted: their requests resume elsewhere from saved tokens), or
   stops the job (`JobStopped`: cancelled, or preempted as a whole).
@@ -33,6 +34,7 @@ class Orders:
         self.fleet, self.cluster, self.inbox, self.clock, self.log = fleet, cluster, inbox, clock, log
         self.every_s = every_s
         self._polled = 0.0
+        self.finish_asked = False  # `rlsched finish JOB`: the job ends after the iteration in progress
 
     def poll(self) -> None:
         """Take what arrived, at most once every `every_s`."""
@@ -43,7 +45,11 @@ class Orders:
         if self.inbox is None:
             return
         for command in ray.get(self.inbox.take.remote()):
-            self.fleet.scale(command)
+            if command.changes_fleet:
+                self.fleet.scale(command)
+            if command.finish and not self.finish_asked:
+                self.finish_asked = True
+                self.log("finish asked for (`rlsched finish`): the job ends after the iteration in progress")
         self.inbox.report.remote(self.fleet.snapshot())
 
     def follow_scheduler(self) -> None:

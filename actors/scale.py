@@ -1,4 +1,5 @@
-"""`rlsched scale`: add or remove rollout instances of a running job from another process.
+"""`rlsched scale`: add or remove rollout instances of a running job from another process (and
+`rlsched finish`: end it after the iteration in progress, with its final outputs).
 
 Every Ray job started by `rlsched run` owns a small named actor, its inbox (`rlsched-scale-JOB` in
 the `rlsched` namespace; JOB is the name of the run's output directory). `rlsched scale JOB ...`
@@ -41,6 +42,11 @@ class ScaleCommand:
     receiver_gbps: float | None = None  # the added instances' ingress link
     remove: tuple[str, ...] = ()
     leave: Leave = Leave.DRAINING
+    finish: bool = False  # `rlsched finish`: end after the iteration in progress, outputs written
+
+    @property
+    def changes_fleet(self) -> bool:
+        return bool(self.add or self.remove)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
     rlsched run CONFIG [--address A] [--out D]    run an RL job on Ray (embedded cluster by default)
     rlsched scale JOB [--add N] [--remove NAME]   add or remove rollout instances of a running job
+    rlsched finish JOB                             end a running job after its current iteration
     rlsched admin check FILE                       validate a cluster admin's file, in plain words
     rlsched admin start FILE | stop                start (stop) the cluster scheduler on a Ray cluster
     rlsched submit CONFIG --queue Q [--priority P] run a job under the cluster scheduler, detached
@@ -30,6 +31,7 @@ from rich.text import Text
 from rlsched.cli_commands import (
     cmd_admin_check,
     cmd_calc,
+    cmd_finish,
     cmd_generate,
     cmd_model_export,
     cmd_model_import_gguf,
@@ -259,6 +261,13 @@ def _add_scale(sub: Any) -> None:
     _address(sc, help="the job's Ray cluster (default: whichever cluster on this machine runs the job)")
     _json(sc, "print the fleet as one JSON object")
     sc.set_defaults(func=cmd_scale)
+    fin = sub.add_parser(
+        "finish",
+        help="end a running job after the iteration in progress, with its final evaluation and outputs",
+    )
+    fin.add_argument("job", help="the job's name: its output directory's name (e.g. quickstart)")
+    _address(fin, help="the job's Ray cluster (default: whichever cluster on this machine runs the job)")
+    fin.set_defaults(func=cmd_finish)
 
 
 def _add_admin(sub: Any) -> None:

@@ -382,46 +382,55 @@ def send_ray_token_if_present() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def cmd_scale(args: argparse.Namespace) -> int:
-    """Add or remove rollout instances of a running job, or show its fleet."""
+@contextmanager
+def _job_inbox(job: str, address: str) -> Iterator[Any]:
+    """Connected to the Ray cluster that runs `job` (`address`, or the one its driver recorded), the
+    job's inbox (`actors.scale`); the connection is closed afterwards. Call it before anything imports
+    Ray: the cluster's token is set for Ray to read when it is imported."""
     send_ray_token_if_present()
     import ray
 
-    from actors.scale import (
-        NAMESPACE,
-        ScaleCommand,
-        connect,
-        inbox_name,
-        running_jobs,
-    )
+    from actors.scale import NAMESPACE, connect, inbox_name, running_jobs
     from rlsched.job.registry import recorded, recorded_jobs
-    from rlsched.policy.lifecycle import Leave
 
-    if args.add < 0:
-        raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")
-    address = args.address if args.address != "auto" else recorded(args.job) or "auto"
+    address = address if address != "auto" else recorded(job) or "auto"
     try:
         connect(address)
     except (ConnectionError, RuntimeError) as err:
         raise UserError(
-            f"no Ray cluster to scale at {address!r} ({err}); is the job running? "
-            "Pass --address host:port of its head node"
+            f"no Ray cluster at {address!r} ({err}); is the job running? Pass --address host:port of its "
+            "head node"
         ) from None
     try:
         try:
-            inbox = ray.get_actor(inbox_name(args.job), namespace=NAMESPACE)
+            inbox = ray.get_actor(inbox_name(job), namespace=NAMESPACE)
         except ValueError:  # no such job on that cluster (or it ended meanwhile)
             running = ", ".join(sorted({*running_jobs(), *recorded_jobs()})) or "none"
             raise UserError(
-                f"no running job named {args.job!r} on the Ray cluster at {address} (running: {running})"
+                f"no running job named {job!r} on the Ray cluster at {address} (running: {running})"
             ) from None
+        yield inbox
+    finally:
+        ray.shutdown()
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Add or remove rollout instances of a running job, or show its fleet."""
+    if args.add < 0:
+        raise UserError(f"--add {args.add}: give a number of instances to add (0 or more)")
+    with _job_inbox(args.job, args.address) as inbox:
+        import ray  # imported after the token is set (`_job_inbox`): Ray reads the mode on import
+
+        from actors.scale import ScaleCommand
+        from rlsched.policy.lifecycle import Leave
+
         command = ScaleCommand(
             add=args.add,
             receiver_gbps=args.receiver_gbps,
             remove=tuple(args.remove),
             leave=Leave.PREEMPTED if args.preempt else Leave.DRAINING,
         )
-        changes = bool(command.add or command.remove)
+        changes = command.changes_fleet
         ref: Any = inbox.submit.remote(command) if changes else inbox.status.remote()
         fleet = cast(dict[str, Any], ray.get(ref, timeout=30))
         if changes:
@@ -429,8 +438,6 @@ def cmd_scale(args: argparse.Namespace) -> int:
                 f"sent to {args.job}: add {command.add}, remove {list(command.remove) or 'none'} "
                 f"({command.leave}); the job applies it within a second while it generates"
             )
-    finally:
-        ray.shutdown()
     if args.json:
         print(json.dumps(fleet))
         return 0
@@ -439,6 +446,21 @@ def cmd_scale(args: argparse.Namespace) -> int:
     )
     for name, m in sorted(fleet.get("instances", {}).items()):
         console.print(f"  {name:14s} {m['state']:12s} v{m['version']:<4d} running {m['running']}")
+    return 0
+
+
+def cmd_finish(args: argparse.Namespace) -> int:
+    """End a running job after the iteration in progress, as if its steps were done."""
+    with _job_inbox(args.job, args.address) as inbox:
+        import ray
+
+        from actors.scale import ScaleCommand
+
+        fleet = cast(dict[str, Any], ray.get(inbox.submit.remote(ScaleCommand(finish=True)), timeout=30))
+    console.print(
+        f"sent to {args.job} (at iteration {fleet.get('iteration')}): it ends after the iteration in "
+        "progress with its final held-out evaluation, and writes the trained policy and report.json"
+    )
     return 0
 
 

@@ -141,10 +141,11 @@ def test_rlsched_scale_adds_an_instance_that_joins_serves_and_drains(elastic_run
     assert rows[-1]["extra"]["fleet"]["drained"] == 1 and "scaled-1" not in rows[-1]["extra"]["serving"]
 
 
-def test_scaling_a_job_that_is_not_running_is_a_clear_error(elastic_run) -> None:
-    proc = rlsched("scale", "no-such-job")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "no Ray cluster" in proc.stderr or "no running job named 'no-such-job'" in proc.stderr
+def test_scaling_or_finishing_a_job_that_is_not_running_is_a_clear_error(elastic_run) -> None:
+    for command in ("scale", "finish"):
+        proc = rlsched(command, "no-such-job")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "no Ray cluster" in proc.stderr or "no running job named 'no-such-job'" in proc.stderr
 
 
 def test_the_recorded_run_replayed_in_virtual_time_makes_the_same_decisions(elastic_run) -> None:

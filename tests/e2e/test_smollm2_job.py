@@ -25,8 +25,8 @@ def test_two_iterations_train_publish_and_save(smollm2_dir: Path, tmp_path: Path
         "grpo.steps=2",
         "grpo.prompts_per_step=4",
         "grpo.group_size=4",
-        "task.eval_size=8",  # the held-out evaluations before and after: 8 problems each is enough here
-        "eval.curve_size=8",
+        "task.eval_size=16",
+        "eval.curve_size=16",
         "eval.every_steps=100",
     ]
     command = [sys.executable, "-m", "rlsched.cli", "run", "configs/jobs/smollm2.yaml", "--out", str(out)]

@@ -80,10 +80,11 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 MARK = "RLSCHED_TEST_HEAD"
 
 
-def stop_processes_naming(temp: str, grace_s: float = 10.0) -> None:
+def stop_processes_naming(temp: str, grace_s: float = 3.0) -> None:
     """SIGTERM, then after `grace_s` SIGKILL, the head's processes: those started with `MARK=temp` in
     their environment, and the members of their process groups (the raylet starts its agents in its
-    own group, with an environment of their own)."""
+    own group, with an environment of their own). Some of them outlast a SIGTERM by far (the test's
+    teardown took the whole 10 s it once allowed): they get 3 s."""
     marker = f"{MARK}={temp}".encode()
     ours = os.getpgrp()
 

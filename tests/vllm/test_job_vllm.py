@@ -4,7 +4,8 @@ The quickstart job with `engine.kind: vllm`, shortened and with long fixed-lengt
 user runs it. While it runs, `rlsched scale` adds an instance: it starts its own vLLM engine, pulls the
 current version over the weight link, loads it in place and serves mid-job. Then it is removed
 abruptly (`--preempt`): its unfinished requests resume on the other instance from their saved tokens.
-Every iteration uses every sample exactly once, at the version being trained.
+An iteration later, `rlsched finish` ends the job with its final evaluation and outputs. Every
+iteration uses every sample exactly once, at the version being trained.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
         wait_for(lambda: committed(out) >= served_from + 1, "scaled-1 to serve an iteration", timeout_s=120)
         removed = rlsched("scale", out.name, "--remove", "scaled-1", "--preempt")
         assert removed.returncode == 0, removed.stderr
+        printed.wait_for_line(r"^scaled-1 preempted", "scaled-1 to be preempted", timeout_s=120)
+        # its requests resume on rollout-0 within the iteration in progress: once that one is
+        # committed, there is nothing left to see (STEPS is room for a slow machine's join)
+        preempted_in = committed(out) + 1
+        wait_for(lambda: committed(out) >= preempted_in, "the preemption's iteration", timeout_s=120)
+        finished = rlsched("finish", out.name)
+        assert finished.returncode == 0, finished.stderr
         stdout, _ = printed.finish(timeout_s=900)
     finally:
         job.kill()
@@ -76,11 +84,15 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
 def test_the_job_completes_and_learns_with_vllm_instances(vllm_run) -> None:
     stdout, out, _ = vllm_run
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == list(range(1, STEPS + 1))
+    # `rlsched finish` ended it after the iteration in progress: every iteration until then committed
+    assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) < STEPS
+    assert re.search(rf"^finishing after {len(rows)} iterations, as `rlsched finish` asked", stdout, re.M)
     report = json.loads((out / "report.json").read_text())
     assert report["before"]["total"] == report["after"]["total"] == 64
+    assert report["iterations"] == len(rows)
     # a new version every iteration, loaded in place by the instances (its load is timed)
-    assert [r["version"] for r in rows] == list(range(STEPS)) and all(r["t_load"] > 0 for r in rows)
+    n = len(rows)
+    assert [r["version"] for r in rows] == list(range(n)) and all(r["t_load"] > 0 for r in rows)
     assert re.search(r"rollout-0 joined at v0: transfer", stdout)
 
 
