@@ -16,6 +16,12 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[1]
 
 # an admin file for one node of 8 CPUs and one queue, for tests that start a scheduler on it
+# a job with one process of each kind (one trainer rank, rollout instance and verifier worker), for the
+# tests about something else than the gang or the fleet's size: each process a job starts imports
+# torch and transformers, about 6-7 s of a core on the 2-core AMD EPYC (a quickstart's start-up is
+# about 40 s of CPU, most of it those imports)
+ONE_OF_EACH = ["trainer.ranks=1", "rollout.instances=1", "verifier.workers=1"]
+
 ONE_NODE_ADMIN = """
 device_types: []
 nodes:

@@ -72,6 +72,8 @@ def job_file(tmp_path: Path, model: Path) -> Path:
     cfg["grpo"] |= {"steps": 1, "prompts_per_step": 4, "group_size": 2, "time_budget_s": 900}
     cfg["eval"] = {"every_steps": 100, "curve_size": 16}
     cfg["rollout"] = {"instances": 2}
+    cfg["trainer"] |= {"ranks": 1}  # the gang is not what this is about: a process fewer to start
+    cfg["verifier"] |= {"workers": 1}
     cfg.setdefault("run", {})["record_iterations"] = True  # the iteration core's trace, replayed below
     path = tmp_path / "agent_job.yaml"
     path.write_text(yaml.safe_dump(cfg))

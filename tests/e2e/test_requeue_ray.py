@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from rlsched.chaos import GROUP, PROMPTS, SETS, STEPS, TITLES, Fault, check_run, command, committed, processes
-from tests.helpers import ONE_NODE_ADMIN, ROOT, rlsched, wait_for
+from tests.helpers import ONE_NODE_ADMIN, ONE_OF_EACH, ROOT, rlsched, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def _attempt(supervisor: subprocess.Popen[bytes], previous: int | None = None) -
 
 
 def _supervised(address: str, out: Path, log: Path, steps: int = STEPS) -> subprocess.Popen[bytes]:
-    run = command("configs/jobs/quickstart.yaml", [*SETS, f"grpo.steps={steps}"])
+    run = command("configs/jobs/quickstart.yaml", [*SETS, *ONE_OF_EACH, f"grpo.steps={steps}"])
     run += ["--out", str(out), "--address", address, "--queue", "research", "--requeue"]
     return subprocess.Popen(run, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ONE_NODE_ADMIN, ROOT, wait_for
+from tests.helpers import ONE_NODE_ADMIN, ONE_OF_EACH, ROOT, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -121,6 +121,7 @@ def test_submit_runs_the_job_through_rays_job_api(head: str, tmp_path: Path) -> 
         "task.eval_size=64",
         "eval.curve_size=32",
         "grpo.prompts_per_step=8",
+        *ONE_OF_EACH,
     ]
     proc = rlsched(
         "submit", "configs/jobs/quickstart.yaml", "--queue", "research", "--out", str(out), "--address", head,

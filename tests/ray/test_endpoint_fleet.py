@@ -25,7 +25,7 @@ from rlsched.config import EndpointConfig
 from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.rl.episodes import episode_batch
-from tests.helpers import wait_for
+from tests.helpers import ONE_OF_EACH, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
@@ -185,6 +185,7 @@ def test_a_job_serves_its_fleet_pins_episodes_and_trains_on_them(ray_session: No
         [
             "grpo.prompts_per_step=4", "task.eval_size=64", "eval.curve_size=32", "rollout.max_staleness=1",
             "rollout.endpoint.enabled=true", "rollout.endpoint.port=0",
+            "trainer.ranks=1", "verifier.workers=1",  # two instances: one is held back at version 0
         ],
     )  # fmt: skip
     lines: list[str] = []
@@ -243,7 +244,7 @@ def test_a_job_started_again_after_a_crash_takes_back_its_endpoints_episodes(
     cfg = load_config(
         None,
         ["grpo.prompts_per_step=4", "task.eval_size=64", "eval.curve_size=32",
-         "rollout.endpoint.enabled=true", "rollout.endpoint.port=0"],
+         "rollout.endpoint.enabled=true", "rollout.endpoint.port=0", *ONE_OF_EACH],
     )  # fmt: skip
 
     def endpoint_of(lines: list[str]) -> tuple[str, OpenAI, str]:
