@@ -92,6 +92,7 @@ class _Live:
     episode: str = ""
     kind: str = ""
     cancelled: bool = False
+    ready: bool = False  # its server answered: a cancellation now ends it, nothing else will
 
 
 class EnvHostImpl:
@@ -105,6 +106,8 @@ class EnvHostImpl:
         self.lock = threading.Lock()
         self.saved = threading.Condition(self.lock)
         self._saving: set[tuple[str, str]] = set()  # files being saved: a preparation waits for them
+        self._seen: set[str] = set()  # every environment a preparation has registered
+        self._cancelled_early: set[str] = set()  # cancellations that overtook their preparation
         self.unsaved: dict[tuple[str, str], str] = {}  # files that could not be kept, and why
         self.gib_s = 0.0
         self.peak_gib = 0.0
@@ -132,6 +135,11 @@ class EnvHostImpl:
         was cancelled meanwhile (it is then gone)."""
         started = time.monotonic()
         spec = self.kinds[kind]
+        with self.lock:
+            self._seen.add(env)
+            if env in self._cancelled_early:  # the actor is threaded: its cancellation ran first
+                self._cancelled_early.discard(env)
+                return None
         box = Sandbox.create(persistent=True, work_mb=spec.workspace_mb + 16)
         live = _Live(box, episode=episode, kind=kind)
         with self.lock:
@@ -157,7 +165,9 @@ class EnvHostImpl:
             live.run = run
             cancelled = live.cancelled
         ready = None if cancelled else run.receive()
-        if ready is None:
+        with self.lock:
+            live.ready = ready is not None and not live.cancelled
+        if not live.ready:
             self._end(env, keep=False)
             return None
         return time.monotonic() - started
@@ -172,14 +182,20 @@ class EnvHostImpl:
         return answer
 
     def cancel(self, env: str) -> None:
-        """Stop preparing it: a preparation under way notices and tears it down."""
+        """Stop preparing it: a preparation under way notices and tears it down. The core cancels
+        what it believes is still preparing; the host may have finished meanwhile (its answer not yet
+        delivered), and then the cancellation ends the environment itself."""
         with self.lock:
             live = self.live.get(env)
             if live is None:
+                if env not in self._seen:
+                    self._cancelled_early.add(env)
                 return
             live.cancelled = True
-            run = live.run
-        if run is not None:
+            run, ready = live.run, live.ready
+        if ready:
+            self._end(env, keep=False)
+        elif run is not None:
             run.kill()
 
     def release(self, env: str, keep_files: bool) -> None:

@@ -175,3 +175,28 @@ def test_an_episode_whose_files_could_not_be_kept_is_refused_a_rebuild_without_t
         assert host.report()["live"] == [] and host.report()["kept_files"] == 0
     finally:
         host.shutdown()
+
+
+def test_a_cancellation_that_reaches_the_host_early_or_late_still_ends_the_environment() -> None:
+    """The core cancels what it believes is still preparing, but the host is a threaded actor: the
+    cancellation may run before its preparation started, or after it finished and before the core
+    heard so. Either way nothing stays live (a prewarmed environment left running was a flake in
+    tests/ray/test_env_driver.py)."""
+    from rlsched.bench.envs import EnvHostImpl, EnvKind
+    from verifiers.sandbox import capabilities
+
+    if missing := capabilities().missing():
+        pytest.skip(f"this machine lacks: {'; '.join(missing)}")
+    host = EnvHostImpl({"shell": EnvKind(memory_mb=1, fetch_s=0.0, workspace_mb=1, tool_s=0.0)})
+    try:
+        host.cancel("env-1")  # before its preparation ran
+        assert host.prepare("env-1", "shell", "ep") is None
+        assert host.report()["created"] == 0
+        assert host.prepare("env-2", "shell", "ep") is not None
+        host.cancel("env-2")  # after it was ready
+        report = host.report()
+        assert report["live"] == [] and report["sandbox_dirs"] == [] and report["created"] == 1
+        host.cancel("env-2")  # once more, after it is gone: nothing happens
+        assert host.prepare("env-3", "shell", "ep") is not None and host.report()["live"] == ["env-3"]
+    finally:
+        host.shutdown()
