@@ -19,6 +19,7 @@ import pytest
 
 from rlsched.rl.pending import PendingWork
 from rlsched.store.commit_log import CommitLog
+from tests.helpers import ONE_OF_EACH
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
@@ -38,6 +39,7 @@ FIRST = [
     "eval.curve_size=32",
     "checkpoint.every=4",
     "run.record_iterations=true",
+    *ONE_OF_EACH,  # one instance generates while the one rank updates: the overlap is the subject
 ]
 
 
@@ -75,6 +77,7 @@ def resumed(run: Path) -> tuple[Path, str]:
         "task.eval_size=64",
         "eval.curve_size=32",
         "checkpoint.every=4",
+        *ONE_OF_EACH,
     ]
     return run, _rlsched(["--resume", str(run)], settings)
 
