@@ -249,11 +249,8 @@ def _iterate_logged(
     try:
         while it <= cfg.grpo.steps:
             ctrl_c.check()
-            if rules.out_of_time(train_s()) and not controller.stop_training(it):
-                log(f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations")
-                break
-            if controller.orders.finish_asked and not controller.stop_training(it):
-                log(f"finishing after {it - 1} iterations, as `rlsched finish` asked")
+            if (why := _stop_before(cfg, controller, rules.out_of_time(train_s()), it)) is not None:
+                log(why)
                 break
             try:
                 row, line = _one_iteration(cfg, controller, it)
@@ -293,6 +290,19 @@ def _iterate_logged(
     report = JobReport(before, after, rows, time.monotonic() - start)
     write_report(out_dir, report, job_log, weights)
     return report
+
+
+def _stop_before(cfg: JobConfig, controller: JobController, out_of_time: bool, it: int) -> str | None:
+    """Why the job ends before iteration `it` (its time budget spent, or `rlsched finish` asked), or
+    None to run it. Either way, an update the ranks already began on `it` (a pipelined job's) is
+    still run and committed."""
+    if out_of_time:
+        why = f"time budget of {cfg.grpo.time_budget_s:.0f} s reached after {it - 1} iterations"
+    elif controller.orders.finish_asked:
+        why = f"finishing after {it - 1} iterations, as `rlsched finish` asked"
+    else:
+        return None
+    return None if controller.stop_training(it) else why
 
 
 def _one_iteration(cfg: JobConfig, controller: JobController, it: int) -> tuple[dict[str, Any], str]:
