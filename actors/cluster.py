@@ -182,10 +182,15 @@ class Scheduler:
             nodes, self.node_ids = inventory()
             self._feed(cx.Tick(time.time(), nodes))
 
-    def reap(self, alive: set[str], now: float, after_s: float = 60.0) -> None:
-        """Running jobs whose driver is gone (its inbox actor no longer exists) give everything back."""
+    def reap(self, alive: set[str], now: float | None = None, after_s: float = 60.0) -> None:
+        """Running jobs whose driver is gone (its inbox actor no longer exists) give everything back.
+
+        Stamped under the lock, like every event: one stamped before `alive` was listed (a Ray call
+        that takes seconds on a busy machine) went into the trace after events stamped later, and the
+        replay, which runs events at their stamps, handled them in another order."""
         with self.lock:
-            self._feed(cx.DriversAlive(now, frozenset(alive), after_s))
+            stamp = time.time() if now is None else now
+            self._feed(cx.DriversAlive(stamp, frozenset(alive), after_s))
 
     def release_everything(self) -> None:
         """Remove every placement group the scheduler made (it is stopping)."""
@@ -260,7 +265,7 @@ class SchedulerActor:
                 self.s.cycle()
                 if time.time() - reaped > 5.0:
                     reaped = time.time()
-                    self.s.reap(_drivers_alive(), reaped)
+                    self.s.reap(_drivers_alive())
                 self._error = ""
             except Exception as err:  # noqa: BLE001 - kept and shown by `rlsched status`; next cycle retries
                 self._error = f"{type(err).__name__}: {err}"

@@ -51,8 +51,12 @@ def replay(trace: Recorded, core: _Core | None = None) -> Replayed:
     sim = Simulator(0)
     steps: list[tuple[Any, list[Any]]] = []
     first = trace.steps[0][0].at if trace.steps else 0.0
+    when = 0.0
     for event, _ in trace.steps:
-        sim.at(event.at - first, partial(_feed, core, event, steps))
+        # in the recorded order: an event stamped before the one fed ahead of it (a clock read before
+        # a driver's lock, a wall clock stepped back) runs with it, as the core took it
+        when = max(when, event.at - first)
+        sim.at(when, partial(_feed, core, event, steps))
     return Replayed(steps, sim.run())
 
 

@@ -5,6 +5,7 @@ tests/e2e/test_cluster_ray.py on a real three-node Ray cluster."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from actors.cluster import JobSpec, JobState, Scheduler
 from rlsched.admin import admission_params, load_admin
@@ -68,11 +69,11 @@ def test_a_running_job_whose_driver_is_gone_gives_everything_back() -> None:
     assert s.jobs["here"].state is JobState.RUNNING
 
 
-def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go() -> None:
-    """The bookkeeping only, in the core: which placement groups go when (removing them on Ray is the
-    e2e test's)."""
+def running_with_an_elastic_part_to_give_back() -> tuple[Scheduler, Any, Any]:
+    """A running job `rl` whose elastic part `elastic-0` (group `pg-e0`) was asked back at t=100 s
+    with 10 s of grace: the scheduler, its core and the job."""
     from rlsched.core.cluster import _Part
-    from rlsched.core.cluster_io import GroupId, PartId, RemovePlacementGroup, Tick
+    from rlsched.core.cluster_io import GroupId, PartId
     from rlsched.policy.cluster_model import Evict
 
     s = scheduler()
@@ -81,8 +82,18 @@ def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go() -> None:
     job.to(JobState.RUNNING)
     job.started = 0.0
     job.parts[PartId("elastic-0")] = _Part("a100-node", GroupId("pg-e0"), {"A100": 1.0})
-    job.gangs = [(GroupId("pg-g0"), [("h100-node", {"H100": 2.0})])]
     core._evict(job, Evict("rl", True, 10.0, "eval", "lower priority (low) in queue research"), now=100.0)
+    return s, core, job
+
+
+def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go() -> None:
+    """The bookkeeping only, in the core: which placement groups go when (removing them on Ray is the
+    e2e test's)."""
+    from rlsched.core.cluster_io import GroupId, RemovePlacementGroup, Tick
+    from rlsched.policy.cluster_model import Evict
+
+    s, core, job = running_with_an_elastic_part_to_give_back()
+    job.gangs = [(GroupId("pg-g0"), [("h100-node", {"H100": 2.0})])]
     view = core.poll("rl", 100.0)
     assert list(view["release"]) == ["elastic-0"] and view["parts"] == {} and view["stop_in"] is None
     assert view["why"] == "for eval: lower priority (low) in queue research"
@@ -97,3 +108,25 @@ def test_an_eviction_is_an_order_with_a_deadline_then_the_groups_go() -> None:
     assert job.state is JobState.PREEMPTED and removed == ["pg-e0", "pg-g0"]
     s.finished("rl", preempted=True)  # the driver's late answer changes nothing
     assert job.state is JobState.PREEMPTED
+
+
+def test_the_replay_takes_events_in_the_order_the_core_took_them() -> None:
+    """An event stamped before the one fed ahead of it (a driver read the clock, then waited for a
+    lock or a Ray call) is replayed where the core took it: run at its stamp, it went ahead of an
+    elastic part's release, and the replay of a correct run differed (the cluster e2e test's flake)."""
+    from rlsched.core.cluster import ClusterTrace
+    from rlsched.core.cluster_io import DriversAlive, JobId, PartId, PartReleased, Tick
+    from rlsched.sim.replay import compare, replay
+
+    _, core, _ = running_with_an_elastic_part_to_give_back()
+    trace = ClusterTrace.begin(core)
+    events = (
+        Tick(101.0),
+        PartReleased(102.0, JobId("rl"), PartId("elastic-0")),
+        DriversAlive(101.5, frozenset({"rl"}), 60.0),  # stamped before the release, fed after it
+        Tick(102.5),
+    )
+    for event in events:
+        trace.add(event, core.handle(event))
+    assert [type(e).__name__ for _, effects in trace.steps for e in effects] == ["RemovePlacementGroup"]
+    assert compare(trace, replay(trace)) == []
