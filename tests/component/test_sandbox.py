@@ -265,12 +265,12 @@ def test_a_second_run_cannot_find_what_the_first_left() -> None:
         "import ctypes\nlibc = ctypes.CDLL(None)\n"
         f"print(libc.shmget({SHM_KEY}, 4096, 0o1000 | 0o666))\nopen('/tmp/{MARK}', 'w').write('x')\n"
         f"open('/work/{MARK}', 'w').write('x')",
-        LIMITS,
+        PATIENT,
     )
     second = run_sandboxed(
         "import ctypes, os\nlibc = ctypes.CDLL(None)\n"
         f"print(libc.shmget({SHM_KEY}, 4096, 0o666), os.listdir('/tmp'), os.listdir('/work'))",
-        LIMITS,
+        PATIENT,
     )
     assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
     assert second.stdout.strip() == "-1 [] []"
@@ -363,7 +363,7 @@ def test_an_opted_in_read_only_path_is_readable_and_nothing_else(tmp_path: Path)
     result = run_sandboxed(
         "import os\nprint(open('/data/rows.txt').read().strip(), os.listdir('/data'))\n"
         "try: open('/data/new', 'w')\nexcept OSError as e: print('read-only', e.errno)",
-        LIMITS,
+        PATIENT,
         policy,
     )
     assert result.outcome is Outcome.OK, result.error
@@ -399,7 +399,7 @@ def test_no_host_fd_reaches_the_program_whatever_its_number() -> None:
             "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n"
             "for fd in range(3, 4096):\n    try: os.write(fd, b'done 0 0 0\\nerror forged\\n')\n"
             "    except OSError: pass\nraise SystemExit(3)",
-            LIMITS,
+            PATIENT,
         )
     finally:
         for fd in spare:
