@@ -183,11 +183,8 @@ class Scheduler:
             self._feed(cx.Tick(time.time(), nodes))
 
     def reap(self, alive: set[str], now: float | None = None, after_s: float = 60.0) -> None:
-        """Running jobs whose driver is gone (its inbox actor no longer exists) give everything back.
-
-        Stamped under the lock, like every event: one stamped before `alive` was listed (a Ray call
-        that takes seconds on a busy machine) went into the trace after events stamped later, and the
-        replay, which runs events at their stamps, handled them in another order."""
+        """Running jobs whose driver is gone (its inbox actor no longer exists) give everything back;
+        stamped under the lock, after `alive` was listed (a Ray call of seconds on a busy machine)."""
         with self.lock:
             stamp = time.time() if now is None else now
             self._feed(cx.DriversAlive(stamp, frozenset(alive), after_s))

@@ -76,7 +76,7 @@ class Fleet:
         self._sample: Sample | None = None  # the sample being fed, for its `Accepted`
         self._accepted: list[tuple[str, Sample]] = []
         self._reload_done = False
-        self._routed: dict[str, tuple[float, int]] = {}  # instance -> when its generate call began
+        self._routed: dict[tuple[str, int], tuple[float, int]] = {}  # (instance, route) -> its start, size
 
     # -- feeding the core ----------------------------------------------------------------------------
 
@@ -136,7 +136,7 @@ class Fleet:
             if keep:  # what the store kept for it (the core's cut, at most what was saved)
                 batch[k] = dataclasses.replace(batch[k], resume_ids=self.resumes.resume_ids(rid))
         self.instances.generate(e.name, batch, e.dispatch)
-        self._routed[e.name] = (self.clock(), len(batch))
+        self._routed[(e.name, e.dispatch)] = (self.clock(), len(batch))
 
     def _accept(self, e: fx.Accepted) -> None:
         assert self._sample is not None and self._sample.request_id == e.request_id
@@ -241,31 +241,31 @@ class Fleet:
         if name is not None:
             self._on_pull(name, ref)
             return []
-        name = self.instances.stream_of(ref)
-        if name is None:
+        key = self.instances.stream_of(ref)
+        if key is None:
             return []
         try:
             self._sample = ray.get(next(ref))
         except StopIteration:
-            del self.instances.streams[name]
-            self._batch_span(name)
-            self._feed(fx.StreamEnded(self.clock(), name))
+            del self.instances.streams[key]
+            self._batch_span(key)
+            self._feed(fx.StreamEnded(self.clock(), *key))
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
-            del self.instances.streams[name]
-            self.died(name)
+            del self.instances.streams[key]
+            self.died(key[0])
             return []
-        self._feed(fx.Arrived(self.clock(), name, self._sample.request_id))
+        self._feed(fx.Arrived(self.clock(), key[0], self._sample.request_id))
         self._sample = None
         out, self._accepted = self._accepted, []
         return out
 
-    def _batch_span(self, name: str) -> None:
-        """The instance's generate call, as a span of its lane (its busy time)."""
-        start, requests = self._routed.pop(name, (None, 0))
+    def _batch_span(self, key: tuple[str, int]) -> None:
+        """A route's generate call, as a span of its instance's lane (its busy time)."""
+        start, requests = self._routed.pop(key, (None, 0))
         if start is not None:
-            attrs = {"lane": name, "requests": requests}
-            self.spans.append(Span(SpanKind.BATCH, name, start, self.clock(), self.core.iteration, attrs))
+            attrs = {"lane": key[0], "requests": requests}
+            self.spans.append(Span(SpanKind.BATCH, key[0], start, self.clock(), self.core.iteration, attrs))
 
     def died(self, name: str) -> None:
         """An instance's actor died (its process or node is gone): preempted, and replaced unless

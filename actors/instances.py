@@ -1,8 +1,8 @@
 """The rollout instances' actors, as the fleet's effects reach them (`actors.fleet`): each started
 as a `RolloutInstance` (in the placement group the cluster scheduler lent it, or the job's own), with
 `weights.relay` its relay service started beside it; told to pull a version (`join`: transfer, load,
-confirm; `rlsched.rollout.instance`) from its peers' relays first; handed a batch to generate as a
-stream; killed. It keeps the calls in flight, so that the fleet can tell which of its instances a
+confirm; `rlsched.rollout.instance`) from its peers' relays first; handed routes to generate as
+streams; killed. It keeps the calls in flight, so that the fleet can tell which of its instances a
 finished Ray reference belongs to.
 """
 
@@ -42,7 +42,7 @@ class Instances:
         self.handles: dict[str, Any] = {}
         self.ingress: dict[str, float] = {}
         self.pulls: dict[str, Any] = {}  # instance -> its `join` call in flight
-        self.streams: dict[str, Any] = {}  # instance -> its streaming `generate` call
+        self.streams: dict[tuple[str, int], Any] = {}  # (instance, route) -> its streaming `generate`
         self.relays: dict[str, str] = {}  # instance -> its relay's address
         self._relay_refs: dict[str, Any] = {}  # instance -> its `start_relay` call, until first read
         self._groups: dict[str, Any] = {}  # placement groups for instances about to start
@@ -79,7 +79,8 @@ class Instances:
 
     def kill(self, name: str) -> None:
         self.pulls.pop(name, None)
-        self.streams.pop(name, None)
+        for key in [k for k in self.streams if k[0] == name]:
+            del self.streams[key]
         self.relays.pop(name, None)
         self._relay_refs.pop(name, None)
         ray.kill(self.handles[name])
@@ -106,8 +107,9 @@ class Instances:
         return [self.relays[name] for name in names if name in self.relays]
 
     def generate(self, name: str, batch: Sequence[GenerationRequest], dispatch: int) -> None:
+        """Route number `dispatch` on `name` (the store's attempt for its requests)."""
         generate = self.handles[name].generate.options(num_returns="streaming")
-        self.streams[name] = generate.remote(list(batch), dispatch)
+        self.streams[(name, dispatch)] = generate.remote(list(batch), dispatch, str(self.cfg.rollout.refill))
 
     def pull_of(self, ref: Any) -> str | None:
         """The instance whose `join` call `ref` is (no longer in flight once named)."""
@@ -116,8 +118,8 @@ class Instances:
             del self.pulls[name]
         return name
 
-    def stream_of(self, ref: Any) -> str | None:
-        return next((n for n, r in self.streams.items() if r is ref), None)
+    def stream_of(self, ref: Any) -> tuple[str, int] | None:  # (instance, route)
+        return next((k for k, r in self.streams.items() if r is ref), None)
 
     def waitables(self) -> list[Any]:
         return [*self.pulls.values(), *self.streams.values()]

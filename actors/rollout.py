@@ -5,15 +5,15 @@ that status, the endpoint's cancel and the endpoint's streams never wait behind 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import ray
 
-from rlsched.engine.protocol import GenerationRequest
+from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.engine.stream_server import Event
 from rlsched.rollout import instance
 
-STREAMS = 256  # the endpoint's requests one instance streams at once (each holds a thread)
+STREAMS = 256  # routes and endpoint requests one instance streams at once (each holds a thread)
 
 
 class Instance(instance.Instance):  # named as before: `ray::Instance` is its processes' title
@@ -28,6 +28,12 @@ class Instance(instance.Instance):  # named as before: `ray::Instance` is its pr
         return super().describe()
 
     @ray.method(num_returns="streaming", concurrency_group="stream")
+    def generate(  # type: ignore[override]
+        self, requests: Sequence[GenerationRequest], attempt: int = 1, refill: str = "batch"
+    ) -> Iterator[Sample]:
+        yield from super().generate(requests, attempt, refill)
+
+    @ray.method(num_returns="streaming", concurrency_group="stream")
     def stream(self, request: GenerationRequest, priority: int = 0) -> Iterator[Event]:  # type: ignore[override]
         yield from super().stream(request, priority)
 
@@ -40,8 +46,9 @@ class Instance(instance.Instance):  # named as before: `ray::Instance` is its pr
         super().cancel(request_id)
 
 
-# one thread streams samples, the other answers abort and drain; status and the endpoint's cancel
-# never wait behind a join; each endpoint request streams on a thread of its own
+# one thread joins, the other answers abort and drain; status and the endpoint's cancel never wait
+# behind a join; each route of the job's requests and each endpoint request streams on a thread of
+# its own
 RolloutInstance = ray.remote(max_concurrency=2, concurrency_groups={"control": 2, "stream": STREAMS})(
     Instance
 )

@@ -19,6 +19,7 @@ from rlsched.config_task import TaskConfig
 from rlsched.config_verifier import VerifierConfig
 from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.lifecycle import Leave
+from rlsched.policy.routing import Refill
 from rlsched.policy.versions import InflightUpdate, PipelineMode, SwapKV, pipeline_problem
 from rlsched.transfer.plane import Plane
 
@@ -319,7 +320,19 @@ class RolloutConfig(Section):
         "new weights, or keep the old ones (an approximation; scripts/bench_inflight.py measures its drift)",
     )
     request_batch: int = Field(
-        16, ge=1, description="requests handed to an instance at a time; a joiner takes from what is left"
+        16, ge=1, description="requests an instance holds at a time; a joiner takes from what is left"
+    )
+    refill: Refill = Field(
+        Refill.SLOT,
+        description="slot: the rows arrivals free take the next requests (once refill_min are); batch: "
+        "an instance takes request_batch more only once all of its last ones have arrived (a batch's "
+        "make-up then does not depend on timing: a seed's curve reproduces exactly)",
+    )
+    refill_min: int = Field(
+        4,
+        ge=1,
+        description="refill slot: an instance takes more requests once this many of its rows are free (or "
+        "all that wait, if fewer); 1 refills each row at once, at one call to the instance per row",
     )
     transient: list[TransientInstance] = Field(default_factory=list)
     resources: dict[str, float] = Field(

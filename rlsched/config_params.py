@@ -151,7 +151,9 @@ def fleet_params(cfg: JobConfig) -> fx.FleetParams:
     )
     cost = ResumeCost(r.prefill_tokens_per_s, r.decode_tokens_per_s, r.resume_setup_s)
     swap = swap_fallback(cfg) is None and r.inflight_update is InflightUpdate.SWAP
-    return fx.FleetParams(r.request_batch, r.max_staleness, cost, windows, w.relay_params(), swap)
+    return fx.FleetParams(
+        r.request_batch, r.max_staleness, cost, windows, w.relay_params(), swap, r.refill, r.refill_min
+    )
 
 
 def swap_fallback(cfg: JobConfig) -> str | None:

@@ -1,13 +1,14 @@
 """Verification dispatch policies against each other and against a lower bound, in simulation.
 
     .venv/bin/python scripts/bench_verify.py [--samples 10240] [--workers 256] [--iterations 5]
-                                             [--seed 0] [--json OUT]
+                                             [--refill slot|batch] [--seed 0] [--json OUT]
 
 Workload (virtual time, `rlsched.sim` running the runtime's own policies): one RL job whose batches
 of `--samples` samples (groups of 8 per problem; the same problems every iteration, so a problem's
 history predicts its samples) are generated on 16 instances x 32 slots per 10,240 samples
-(lognormal, mean 20 s, sigma 0.6; each idle instance takes 32 requests at a time and takes more
-once its batch has ended, as the runtime routes: about 1,300 s of generation) and verified on
+(lognormal, mean 20 s, sigma 0.6; each instance holds 32 requests, and with `--refill slot` each
+row takes the next request the moment its sample arrives: about 500 s of generation; with `batch`
+an instance takes 32 more only once all of its last 32 have arrived: about 1,300 s) and verified on
 `--workers` workers,
 for three tail shapes of a problem's verification time: bimodal 9:1 (1 s or 100 s, as in the SPEC),
 lognormal (mean 5 s, sigma 1.5) and Pareto (scale 2 s, alpha 1.5); each sample varies around its
@@ -19,6 +20,9 @@ training-group device-second: a CPU core against a GPU). A second workload puts 
 (a 64-GPU and a 16-GPU training group, bimodal; an eighth of the samples per job, so 2 instances
 each, on a quarter of the workers: the pool's load per worker is as in the one-job workload) to
 count deadline misses, with one more arm there: `distrs` with preemption.
+
+A second table runs `distrs` on each single-job shape under both refills: generation time and batch
+completion, slot against batch.
 
 The first iteration is cold (no problem has history yet); the others are warm (every problem has
 been verified before, once per earlier iteration). Figures are means over the warm iterations; the
@@ -52,10 +56,11 @@ from rich.console import Console
 from rich.table import Table
 
 from rlsched.metrics.spans import Span, verification_batch
+from rlsched.policy.routing import Refill
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.sim.jobs import simulate
 from rlsched.sim.rljob import SimRun
-from rlsched.sim.scenario import ScenarioConfig
+from rlsched.sim.scenario import ScenarioConfig, SimJobConfig
 
 TIMEOUT = {"floor_s": 2.0, "factor": 3.0, "cap_s": 3600.0, "hard_cap_s": 3600.0}
 SHAPES: dict[str, Any] = {
@@ -85,6 +90,7 @@ def _job(name: str, args: argparse.Namespace, shape: Any, overlap: bool, trainer
         "update_s": 30,
         "publish_s": 5,
         "overlap": overlap,
+        "refill": args.refill,
     }
 
 
@@ -147,6 +153,7 @@ def measure(args: argparse.Namespace, shape: Any, arm: str, jobs: int) -> dict[s
     warm = [r for r in rows if r["iteration"] > 1] or rows
     return {
         "completion_s": statistics.mean(r["completion"] for r in warm),
+        "generation_s": statistics.mean(r["completion"] - r["exposed"] for r in warm),
         "ratio": statistics.mean(r["completion"] / r["bound"] for r in warm),
         "exposed_s": statistics.mean(r["exposed"] for r in warm),
         "exposed_cold_s": statistics.mean(r["exposed"] for r in rows if r["iteration"] == 1),
@@ -158,11 +165,43 @@ def measure(args: argparse.Namespace, shape: Any, arm: str, jobs: int) -> dict[s
     }
 
 
+def refill_table(
+    args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], console: Console
+) -> dict[str, dict[str, dict[str, float]]]:
+    """`distrs` on each single-job shape under both refills (the main table's run for `--refill`)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for label, shape in SHAPES.items():
+        out[label] = {args.refill: results[label]["distrs"]}
+        for refill in Refill:
+            if refill.value != args.refill:
+                other = argparse.Namespace(**(vars(args) | {"refill": refill.value}))
+                out[label][refill.value] = measure(other, shape, "distrs", 1)
+    table = Table(title="generation refilled slot by slot against batch by batch (distrs)")
+    for col in ("workload", "refill", "generation (s)", "completion (s)", "completion / bound", "vs batch"):
+        table.add_column(col, justify="right" if col != "workload" else "left")
+    for label, by in out.items():
+        for refill in Refill:
+            r = by[refill.value]
+            ratio = r["completion_s"] / by[Refill.BATCH.value]["completion_s"]
+            table.add_row(
+                label,
+                refill.value,
+                f"{r['generation_s']:.1f}",
+                f"{r['completion_s']:.1f}",
+                f"{r['ratio']:.3f}",
+                f"{ratio:.2f}x",
+            )
+    console.print(table)
+    return out
+
+
 def main() -> None:
     ap = parser(__doc__, "bench_verify")
     ap.add_argument("--samples", type=int, default=10240)
     ap.add_argument("--workers", type=int, default=256)
     ap.add_argument("--iterations", type=int, default=5)
+    refill = SimJobConfig.model_fields["refill"].default  # the job config's default, as the runtime's
+    ap.add_argument("--refill", choices=[r.value for r in Refill], default=refill.value)
     args = ap.parse_args()
     console = Console(width=170)
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -205,6 +244,7 @@ def main() -> None:
                 f"{100 * r['misses']:.0f}%",
             )
     console.print(table)
+    refills = refill_table(args, results, console)
     write(
         args.json,
         {
@@ -218,6 +258,7 @@ def main() -> None:
             "worker_cost": WORKER_COST,
             "figures": "means over the warm iterations (2 on); exposed_cold_s is iteration 1",
             "results": results,
+            "refills": refills,
         },
     )
 

@@ -5,9 +5,12 @@ The Ray fleet (`actors.fleet`) and the simulator (`rlsched.sim.fleet`) both driv
 decides anything itself. A driver feeds `handle` the events it observed, each stamped with the time it
 read from its clock, and carries out the effects returned, in order:
 
-- Routing: an iteration's requests wait in one queue; a READY instance at an admissible version that
-  runs nothing takes the next `request_batch` of them (`Route`). A joiner that becomes READY
-  mid-iteration is served at once from what is left.
+- Routing: an iteration's requests wait in one queue; a READY instance at an admissible version holds
+  up to `request_batch` of them. With `refill` SLOT each row freed by an arrival takes the next
+  request at once; with BATCH an instance takes the next `request_batch` only once its last route has
+  ended, as a static batch would (`Route`; each route is one call on the instance, ended by
+  `StreamEnded` with its number). A joiner that becomes READY mid-iteration is served at once from
+  what is left.
 - Joining: a new instance (static, transient when its window opens, `rlsched scale`, or granted by
   the cluster scheduler) is ALLOCATED (`StartInstance`) and pulls the latest version (`StartPull`).
   It serves once the pull is confirmed (`PullDone`). One that confirmed a version that has since
@@ -75,9 +78,9 @@ class _Member:
     state: InstanceState = _S.ALLOCATED
     version: int = -1
     pull: _Pull | None = None
-    busy: bool = False  # a batch call is in flight
-    running: dict[str, None] = field(default_factory=dict)  # its batch's requests not yet arrived
-    reload_due: bool = False  # asked to reload mid-batch: it finishes the batch first, then pulls
+    streams: dict[int, None] = field(default_factory=dict)  # its route calls in flight, by number
+    running: dict[str, int] = field(default_factory=dict)  # its requests not yet arrived -> their route
+    reload_due: bool = False  # asked to reload mid-route: it takes nothing new, pulls once its routes end
     why: str = ""  # why it is leaving
 
     def to(self, target: InstanceState) -> None:
@@ -110,6 +113,7 @@ class FleetCore:
         self._opened: set[str] = set()  # windows granted so far
         self._leaving: dict[str, _Leaving] = {}  # preempted, waiting for their saved tokens
         self._dispatches = 0
+        self._by_slot = params.refill is fx.Refill.SLOT
         self._scaled = 0
         self._out: list[fx.Effect] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -133,7 +137,7 @@ class FleetCore:
         """Take in one event; the effects, in the order they are to be carried out."""
         kind = type(event)
         self._handlers[kind](event)
-        if self.pending and kind is not fx.Arrived:  # an arrival frees no instance: its batch runs on
+        if self.pending and (kind is not fx.Arrived or self._by_slot):  # an arrival frees a row only
             self._dispatch()
         out, self._out = self._out, []
         return out
@@ -269,7 +273,7 @@ class FleetCore:
         self._release_if_drained(m, at)
 
     def _release_if_drained(self, m: _Member, at: float) -> None:
-        if m.state is _S.DRAINING and not m.busy:
+        if m.state is _S.DRAINING and not m.streams:
             m.to(_S.RELEASED)
             self.weights.gone(m.name)
             self.counts.drained += 1
@@ -280,7 +284,8 @@ class FleetCore:
         """Reclaimed at once: the instance is killed, its unfinished requests go back once the store
         says what it saved of them."""
         m.to(_S.PREEMPTED)
-        m.pull, m.busy, m.why = None, False, why
+        m.pull, m.why = None, why
+        m.streams.clear()
         self.weights.gone(m.name)
         self.counts.preempted += 1
         self._emit(fx.KillInstance(m.name))
@@ -522,20 +527,26 @@ class FleetCore:
         return self.generating and now >= self.gen_start + at_s
 
     def _dispatch(self) -> None:
-        batch_size = self.params.request_batch
+        rows, by_slot = self.params.request_batch, self._by_slot
+        least = min(self.params.refill_min, rows)
         for m in self.members.values():
             if not self.pending:
                 return
-            if m.busy or m.state is not _S.READY or not self.weights.admissible(m.version):
+            free = rows - len(m.running) if by_slot else 0 if m.streams else rows
+            if free <= 0 or free < min(least, len(self.pending)) or not self._takes(m):
                 continue
             pending = self.pending
-            batch = tuple([pending.popleft() for _ in range(min(batch_size, len(pending)))])
+            batch = tuple([pending.popleft() for _ in range(min(free, len(pending)))])
             self._dispatches += 1
-            m.running = dict.fromkeys(batch)
-            m.busy = True
+            m.running.update(dict.fromkeys(batch, self._dispatches))
+            m.streams[self._dispatches] = None
             resume = self.resume_from
             kept = tuple([resume.get(r, 0) for r in batch]) if resume else (0,) * len(batch)
             self._emit(fx.Route(m.name, batch, self._dispatches, kept))
+
+    def _takes(self, m: _Member) -> bool:
+        """It may take requests: READY at an admissible version, not due to reload."""
+        return m.state is _S.READY and not m.reload_due and self.weights.admissible(m.version)
 
     def _arrived(self, e: fx.Arrived) -> None:
         accepted = self.arrived(e.name, e.request_id)
@@ -555,12 +566,20 @@ class FleetCore:
 
     def _stream_ended(self, e: fx.StreamEnded) -> None:
         m = self.members.get(e.name)
-        if m is None or not m.busy:
+        if m is None:
             return
-        m.busy = False
-        if m.running:  # it ended without these (e.g. aborted): they go back
-            self.pending.extendleft(reversed(list(m.running)))
-            m.running = {}
+        ended = [d for d in (m.streams if e.dispatch is None else (e.dispatch,)) if d in m.streams]
+        if not ended:
+            return
+        for d in ended:
+            del m.streams[d]
+        left = [rid for rid, d in m.running.items() if d in ended]
+        if left:  # it ended without these (e.g. aborted): they go back
+            self.pending.extendleft(reversed(left))
+            for rid in left:
+                del m.running[rid]
+        if m.streams:  # its other routes run on
+            return
         if m.reload_due:
             m.reload_due = False
             if m.state is _S.READY:

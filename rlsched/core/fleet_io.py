@@ -16,6 +16,7 @@ from enum import StrEnum
 from rlsched.policy.bandwidth import RelayParams
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.resume import Restart, ResumeCost
+from rlsched.policy.routing import Refill as Refill  # FleetParams.refill
 
 # -- configuration ---------------------------------------------------------------------------------
 
@@ -38,12 +39,14 @@ class Window:
 
 @dataclass(frozen=True)
 class FleetParams:
-    request_batch: int = 16  # requests handed to an idle instance at a time
+    request_batch: int = 16  # requests an instance holds at a time
     max_staleness: int = 0  # versions an instance may lag the latest and still be routed requests
     cost: ResumeCost = field(default_factory=lambda: ResumeCost(5000.0, 50.0))  # prices resume and restart
     windows: tuple[Window, ...] = ()
     relay: RelayParams | None = None  # None: every instance pulls from the trainer alone
     swap_in_flight: bool = False  # a reload reaches busy instances at once (else after their batch)
+    refill: Refill = Refill.BATCH
+    refill_min: int = 1  # refilled by slot: rows that must be free before an instance takes more
 
 
 @dataclass(slots=True)
@@ -149,10 +152,12 @@ class Arrived:
 
 @dataclass(slots=True)
 class StreamEnded:
-    """An instance's batch call ended (normally once all its samples arrived, or early: aborted)."""
+    """An instance's route call ended (normally once all its samples arrived, or early: aborted):
+    route number `dispatch`, or every route the instance runs (None)."""
 
     at: float
     name: str
+    dispatch: int | None = None
 
 
 @dataclass(slots=True)

@@ -10,9 +10,11 @@ request withdrawn before it ran gets `Withdrawn`; one aborted while running fini
 requests it was running get the exception; those waiting are served by a fresh loop (`failures`
 counts such failures).
 
-Both places that serve one request at a time use it: the endpoint's in-process backend
-(`rlsched.serve.backend.LocalEngine`, which hops each event onto its asyncio loop) and a rollout
-instance's streaming method (`rlsched.rollout.instance`, which yields each event to the endpoint over Ray).
+The places that serve requests as they come use it: the endpoint's in-process backend
+(`rlsched.serve.backend.LocalEngine`, which hops each event onto its asyncio loop), a rollout
+instance's streaming method (`rlsched.rollout.instance`, which yields each event to the endpoint over
+Ray), and a rollout instance's job routes refilled slot by slot, whose rows' new tokens it also hands
+to the durable store (`on_partial`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from rlsched.engine.intake import Intake, IntakeClosed
-from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, TokenEvent
+from rlsched.engine.protocol import GenerationRequest, PartialSink, RequestId, Sample, TokenEvent
 from rlsched.engine.torch_engine import TorchRolloutEngine
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,13 @@ class Withdrawn(Exception):
 
 
 class StreamServer:
-    def __init__(self, engine: TorchRolloutEngine) -> None:
+    def __init__(
+        self, engine: TorchRolloutEngine, on_partial: PartialSink | None = None, partial_every_s: float = 0.25
+    ) -> None:
+        """`on_partial`: every running row's new tokens each `partial_every_s` (a rollout instance
+        saves its job's requests' to the durable store)."""
         self.engine = engine
+        self._partials = (on_partial, partial_every_s)
         self._intake = Intake()
         self._deliver: dict[RequestId, Deliver] = {}
         self._lock = threading.Lock()
@@ -102,7 +109,7 @@ class StreamServer:
 
     def _run(self) -> None:
         try:
-            for sample in self.engine.serve(self._intake, self._on_tokens):
+            for sample in self.engine.serve(self._intake, self._on_tokens, *self._partials):
                 with self._lock:
                     deliver = self._deliver.pop(sample.request_id, None)
                 if deliver is not None:

@@ -204,11 +204,20 @@ class TorchRolloutEngine:
             intake.close()
             yield from self._serve(intake, reporter, None)
 
-    def serve(self, intake: Intake, on_tokens: TokenSink | None = None) -> Iterator[Sample]:
+    def serve(
+        self,
+        intake: Intake,
+        on_tokens: TokenSink | None = None,
+        on_partial: PartialSink | None = None,
+        partial_every_s: float = 0.25,
+    ) -> Iterator[Sample]:
         """Generate for whatever `intake` holds, as it arrives, until it is closed and drained: each
-        sample yielded the moment it finishes, and with `on_tokens` every token the moment it is
-        sampled (the OpenAI endpoint's streams). Requests are checked when put in the intake."""
-        yield from self._serve(intake, None, on_tokens)
+        sample yielded the moment it finishes, with `on_tokens` every token the moment it is sampled
+        (the OpenAI endpoint's streams), and with `on_partial` the rows' new tokens every
+        `partial_every_s` (a job's requests, for the durable store). Requests are checked when put in
+        the intake."""
+        reporter = Reporter(on_partial, partial_every_s) if on_partial else None
+        yield from self._serve(intake, reporter, on_tokens)
 
     # -- the batch loop ----------------------------------------------------------------------------
 

@@ -14,14 +14,29 @@ open episodes began on and that stays admissible, one instance at that version (
 most of them), so that their later turns still find it. Under `max_staleness` 0 nothing is held:
 no instance may lag, and those episodes become mixed. At least one instance always takes the new
 version.
+
+`Refill` is when an instance's rows take more of a job's requests: SLOT refills rows as their
+requests arrive (once `refill_min` are free: each refill is a call to the instance, which costs a
+CPU-bound toy model more than a freed row does), so an instance stays nearly full while requests
+wait; BATCH waits for every request of its last route, as a static batch does (a long sample then
+holds its instance's other rows idle), and keeps a batch's make-up independent of timing, so that a
+seed's curve reproduces exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from rlsched.policy.versions import admissible
+
+
+class Refill(StrEnum):
+    """When an instance's freed rows take more of a job's requests (`rollout.refill`)."""
+
+    SLOT = "slot"  # each row as soon as its request arrives: an instance holds `request_batch` at once
+    BATCH = "batch"  # `request_batch` more only once every request of its last route has arrived
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,13 @@ never reaches READY: the instance pulls again as its retry policy says (`weights
 `rlsched.policy.retry`), then gives up (RELEASED) with `JoinFailed`. Requests sent to an instance
 that is not READY are refused (`NotReady`).
 
-While it generates, the instance saves each running request's new tokens to the durable store
-every `flush_s` (`rlsched.store`), under the attempt the controller gave it; a reclaimed instance's
-requests then resume elsewhere from what was saved. A store that fails mid-run is logged once and
-generation goes on (the requests would restart instead of resuming).
+A job's route (`generate`) runs as a batch of its own on the engine (`refill` batch), or, refilled
+slot by slot, joins the rows the instance already runs: on torch through the same continuous-batching
+server as the endpoint's streams (`rlsched.engine.stream_server`), on vLLM as requests of its one
+async engine. While it generates, the instance saves each running request's new tokens to the
+durable store every `flush_s` (`rlsched.store`), under the attempt its route was given; a reclaimed
+instance's requests then resume elsewhere from what was saved. A store that fails mid-run is logged
+once and generation goes on (the requests would restart instead of resuming).
 
 `Instance` is a plain class (component tests and the weight benchmark drive it without Ray);
 `actors.rollout.RolloutInstance` is its actor.
@@ -50,6 +53,7 @@ from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
 from rlsched.policy.lifecycle import InstanceState, transition
 from rlsched.policy.retry import RetryPolicy
+from rlsched.policy.routing import Refill
 from rlsched.policy.versions import SwapKV
 from rlsched.rl.agent import AgentRollout, AgentSpec
 from rlsched.rl.episode_runs import EpisodeRun
@@ -116,6 +120,10 @@ class JoinReport:
             f"load {load_s:.3f} s{' after staging while it arrived' if self.staged else ''}, "
             f"confirm {confirm_s:.3f} s"
         )
+
+
+def _append(chunks: Sequence[Chunk], attempt: int, store: PartialStore) -> int:
+    return store.append(chunks, attempt, time.time())
 
 
 def _torch_engine(
@@ -193,7 +201,7 @@ class Instance:
         self._buffer: Buffer | None = None  # reused from one version to the next
         self.relay: WeightService | None = None  # serves what it pulls to peers (`start_relay`)
         self._spare: _Spare | None = None  # the next pull's buffer, where each version needs its own
-        self._attempt = 0
+        self._attempts: dict[str, int] = {}  # a job's request running here -> its route's attempt
         self.store_failures = 0
         self._streams: StreamServer | None = None  # the endpoint's requests, made on the first
         self._streams_lock = threading.Lock()
@@ -364,20 +372,65 @@ class Instance:
         return None
 
     # -- generation -----------------------------------------------------------------------------
-    def generate(self, requests: Sequence[GenerationRequest], attempt: int = 1) -> Iterator[Sample]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], attempt: int = 1, refill: str = "batch"
+    ) -> Iterator[Sample]:
+        """A route of the job's requests, each sample yielded as it finishes: a batch of its own
+        (`refill` batch), or rows beside the others running here (slot)."""
         if self.state is not InstanceState.READY:
             raise NotReady(f"{self.instance_id} is {self.state}, not ready")
-        self._attempt = attempt
+        ids = [r.request_id for r in requests]
         sink = None
         if self.store is not None:
-            ids = [r.request_id for r in requests]
             self._save(lambda s: s.claim(ids, attempt, self.instance_id, time.time()))
+            self._attempts.update(dict.fromkeys(ids, attempt))
             sink = self._save_partials
-        yield from self.engine.generate(requests, on_partial=sink, partial_every_s=self.flush_s)
+        try:
+            if Refill(refill) is Refill.SLOT and isinstance(self.engine, TorchRolloutEngine):
+                yield from self._rows(requests)
+            else:  # vLLM's one async engine runs concurrent routes side by side by itself
+                yield from self.engine.generate(requests, on_partial=sink, partial_every_s=self.flush_s)
+        finally:
+            for rid in ids:
+                if self._attempts.get(rid) == attempt:
+                    del self._attempts[rid]
+
+    def _rows(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
+        """`requests` as rows of the instance's continuous batch (the endpoint's server): each sample
+        as it finishes; closed early, the rest are withdrawn or aborted."""
+        server = self._stream_server()
+        done: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        for req in requests:
+            server.engine.check(req)  # all or nothing, as a batch of its own
+        left = {r.request_id for r in requests}
+        for req in requests:
+            server.submit(req, 0, lambda e: None if isinstance(e, list) else done.put(e))
+        try:
+            while left:
+                event = done.get()
+                if isinstance(event, Withdrawn):  # cancelled before a row took it: it never arrives
+                    left.discard(RequestId(str(event)))
+                    continue
+                if isinstance(event, BaseException):
+                    raise event
+                assert isinstance(event, Sample)
+                left.discard(event.request_id)
+                yield event
+        finally:
+            for rid in left:
+                server.cancel(RequestId(rid))
 
     def _save_partials(self, partials: Sequence[Partial]) -> None:
-        chunks = [Chunk(p.request_id, p.start, p.token_ids, p.logprobs) for p in partials]
-        self._save(lambda s: s.append(chunks, self._attempt, time.time()))
+        """The new tokens of the job's requests, each under its route's attempt (the endpoint's
+        streams are not saved)."""
+        by_attempt: dict[int, list[Chunk]] = {}
+        for p in partials:
+            attempt = self._attempts.get(p.request_id)
+            if attempt is not None:
+                chunk = Chunk(p.request_id, p.start, p.token_ids, p.logprobs)
+                by_attempt.setdefault(attempt, []).append(chunk)
+        for attempt, chunks in by_attempt.items():
+            self._save(partial(_append, chunks, attempt))
 
     def _save(self, write: Callable[[PartialStore], object]) -> None:
         """A store that fails mid-run must never stop generation: log once, count, go on."""
@@ -473,7 +526,8 @@ class Instance:
             )
         with self._streams_lock:
             if self._streams is None:
-                self._streams = StreamServer(self.engine)
+                sink = self._save_partials if self.store is not None else None
+                self._streams = StreamServer(self.engine, sink, self.flush_s)
             return self._streams
 
     def drain(self) -> str:

@@ -1,18 +1,19 @@
 """Rollout instances in virtual time: a driver of the fleet's core (`rlsched.core.fleet`), with
 generation and weight pulls taking drawn or modelled durations.
 
-The core decides everything the Ray fleet decides (routing batches of `request_batch` to READY
-instances at an admissible version, joins, reloads, transient windows counted from their iteration's
-generation, reclaims with resume or restart); this module only carries its effects out on the
-simulator's clock and reports back what happened:
+The core decides everything the Ray fleet decides (routing up to `request_batch` requests to each
+READY instance at an admissible version, slot by slot or batch by batch, joins, reloads, transient
+windows counted from their iteration's generation, reclaims with resume or restart); this module
+only carries its effects out on the simulator's clock and reports back what happened:
 
 - A pull crosses the job's weight link (`Link`: the trainer's egress shared max-min fairly with every
   other pull, `rlsched.policy.bandwidth.max_min_rates`, rates recomputed at each start and finish, as
   the weight service paces them), then loads for `load_s`. A job without `weights` pulls at once.
   With `weights.relay`, a pull the core gave sources crosses its first live source's upload link
   instead, pipelined behind that source's own transfer (`Transfers`).
-- A routed batch's samples each take their drawn time (a resumed one first prefills its prompt and
-  saved tokens); each is reported as it finishes, and the batch's end once the last has.
+- A route's samples each take their drawn time (a resumed one first prefills its prompt and saved
+  tokens), side by side with the instance's other routes; each is reported as it finishes, and the
+  route's end once its last has.
 - A reclaimed instance's saved tokens are what it had decoded by then.
 
 Each instance's life is counted: granted, READY, ended; generating = time with at least one sequence
@@ -30,6 +31,7 @@ from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore
 from rlsched.policy.bandwidth import max_min_rates
 from rlsched.policy.resume import ResumeCost
+from rlsched.policy.routing import Refill
 from rlsched.sim.engine import Alarm, EventHandle, Simulator
 from rlsched.sim.scenario import SimJobConfig
 
@@ -190,6 +192,7 @@ class Instance:
     ready_at: float | None = None
     ended: float | None = None
     running: dict[int, _Run] = field(default_factory=dict)
+    routes: dict[int, int] = field(default_factory=dict)  # a route in flight -> its samples to arrive
     generating_s: float = 0.0
     _busy_since: float | None = None
 
@@ -239,6 +242,8 @@ def fleet_params(cfg: SimJobConfig) -> fx.FleetParams:
     return fx.FleetParams(
         request_batch=cfg.request_batch or cfg.slots,
         max_staleness=cfg.max_staleness,
+        refill=cfg.refill,
+        refill_min=cfg.refill_min,
         cost=ResumeCost(r.prefill_tokens_per_s, 1.0, r.setup_s),  # each sample's own decode speed
         windows=windows,
         relay=w.relay_params() if w is not None else None,
@@ -261,6 +266,7 @@ class SimFleet:
         w = cfg.weights
         self.link = Link(sim, w.egress_gbps * 1e9) if w is not None else None
         self.core = FleetCore(fleet_params(cfg))
+        self._by_slot = cfg.refill is Refill.SLOT
         relay = self.core.params.relay
         self.transfers = (
             Transfers(sim, self.link, relay.upload_bps if relay else 1.0, relay.chunk_bytes if relay else 1)
@@ -364,6 +370,7 @@ class SimFleet:
             self.transfers.gone(name)
         for _, _, _, event in inst.running.values():
             event.cancel()
+        inst.routes.clear()
 
     def _saved(self, e: fx.ReadSaved) -> tuple[tuple[str, int], ...]:
         """What a reclaimed instance had decoded of each request: its saved tokens."""
@@ -400,27 +407,37 @@ class SimFleet:
 
     def _route(self, e: fx.Route) -> None:
         inst, sim, r = self.instances[e.name], self.sim, self.cfg.resume
-        now, tokens, rates, arrived, running = sim.now, self.tokens, self.rates, self._arrived, inst.running
+        now, tokens, rates, running = sim.now, self.tokens, self.rates, inst.running
+        arrived = partial(self._arrived, inst, e.dispatch)
+        inst.routes[e.dispatch] = len(e.requests)
         version = self.core.members[e.name].version
         for rid, saved in zip(e.requests, e.resume, strict=True):
             n = int(rid)
             self.versions[n] = min(self.versions[n], version) if saved else version  # saved: sampled before
             rate = rates[n] if rates[n] > _EPS else _EPS
             prefill = r.setup_s + (r.prompt_tokens + saved) / r.prefill_tokens_per_s if saved else 0.0
-            event = sim.at(now + prefill + (tokens[n] - saved) / rate, partial(arrived, inst, n))
+            event = sim.at(now + prefill + (tokens[n] - saved) / rate, partial(arrived, n))
             running[n] = (now, prefill, float(saved), event)
         inst.busy(now)
 
-    def _arrived(self, inst: Instance, n: int) -> None:
-        """Sample n is done (the hot path: an arrival never opens a window, so no wake-up to check)."""
+    def _arrived(self, inst: Instance, dispatch: int, n: int) -> None:
+        """Sample n of route `dispatch` is done (the hot path: an arrival never opens a window, so no
+        wake-up to check; refilled by batch, it routes nothing either)."""
         running = inst.running
         del running[n]
         now = self.sim.now
-        if self.core.arrived(inst.name, str(n)) is not None:  # as handle(Arrived), per sample
+        if self._by_slot:  # its row takes the next request
+            self._apply(self.core.handle(fx.Arrived(now, inst.name, str(n))))
+        elif self.core.arrived(inst.name, str(n)) is not None:  # as handle(Arrived), per sample
             self.finished(n, inst.name)
         if not running:
             inst.idle_if_empty(now)
-            self._feed(fx.StreamEnded(now, inst.name))
+        left = inst.routes[dispatch] - 1
+        if left:
+            inst.routes[dispatch] = left
+        else:
+            del inst.routes[dispatch]
+            self._feed(fx.StreamEnded(now, inst.name, dispatch))
 
     # -- between iterations -----------------------------------------------------------------------
 

@@ -4,15 +4,16 @@ A scenario (`rlsched.sim.scenario.ScenarioConfig`) holds one or more jobs and on
 (`rlsched.sim.jobs.simulate` runs them together).
 Each iteration of a job asks for `samples` generations from its rollout fleet (`rlsched.sim.fleet`,
 a driver of the runtime's fleet core: `instances` static instances, transient ones with windows,
-each idle READY instance taking `request_batch` requests at a time, every version pulled before it
-is served); a sample's generation time is drawn (`generate_s`, or `tokens / tokens_per_s`). The
-first version goes to every instance before iteration 1, and each new one after its publish, as at
-runtime. Each finished sample becomes a pending verification of the pool's CPU
-stage; if the job has a GPU stage it then queues for a GPU worker, which runs one verification at a
-time (an exclusive device). Every dispatch is decided by `rlsched.policy.verify.decide`, the function
-the Ray controller calls, over the pending work of every job. When a job's batch is judged, its update
-and publish take their drawn durations and the next iteration starts. With `overlap` off a job hands
-its samples to the pool only once all of them exist (the sequential baseline).
+each READY instance holding `request_batch` requests, refilled slot by slot or batch by batch as
+`refill` says, every version pulled before it is served); a sample's generation time is drawn
+(`generate_s`, or `tokens / tokens_per_s`). The first version goes to every instance before
+iteration 1, and each new one after its publish, as at runtime. Each finished sample becomes a
+pending verification of the pool's CPU stage; if the job has a GPU stage it then queues for a GPU
+worker, which runs one verification at a time (an exclusive device). Every dispatch is decided by
+`rlsched.policy.verify.decide`, the function the Ray controller calls, over the pending work of
+every job. When a job's batch is judged, its update and publish take their drawn durations and the
+next iteration starts. With `overlap` off a job hands its samples to the pool only once all of them
+exist (the sequential baseline).
 
 Each pool stage learns verification times per problem (`rlsched.policy.estimate.RemainingTime`, fed
 by every completion) and keeps its queue in the policy's order (`rlsched.policy.dispatch_queue`,

@@ -23,6 +23,7 @@ from rlsched.config_params import training_devices
 from rlsched.config_verifier import TimeoutConfig
 from rlsched.errors import UserError
 from rlsched.policy.bandwidth import RelayParams
+from rlsched.policy.routing import Refill
 from rlsched.policy.verify import DispatchPolicy
 from rlsched.policy.versions import PipelineMode, pipeline_problem
 from rlsched.sim.dists import Constant, Distribution, Uniform
@@ -134,6 +135,14 @@ class SimJobConfig(Section):
         None,
         ge=1,
         description="requests handed to an idle instance at a time, as rollout.request_batch (unset: slots)",
+    )
+    refill: Refill = Field(
+        Refill.SLOT,
+        description="when an instance's freed rows take more requests: slot (once refill_min are free) "
+        "or batch (request_batch more once its last route has ended), as rollout.refill",
+    )
+    refill_min: int = Field(
+        4, ge=1, description="refill slot: rows free before an instance takes more, as rollout.refill_min"
     )
     max_staleness: int = Field(0, ge=0, description="versions an instance may lag the latest, as rollout's")
     mode: PipelineMode = Field(
@@ -258,6 +267,8 @@ JOB_DECIDES = {
     "group_size": "grpo.group_size",
     "instances": "rollout.instances",
     "request_batch": "rollout.request_batch",
+    "refill": "rollout.refill",
+    "refill_min": "rollout.refill_min",
     "max_staleness": "rollout.max_staleness",
     "mode": "schedule.mode",
     "buffer_groups": "schedule.buffer_groups",
@@ -276,6 +287,8 @@ def job_fields(cfg: JobConfig, name: str) -> dict[str, Any]:
         "group_size": cfg.grpo.group_size,
         "instances": cfg.rollout.instances,
         "request_batch": cfg.rollout.request_batch,
+        "refill": cfg.rollout.refill,
+        "refill_min": cfg.rollout.refill_min,
         "max_staleness": cfg.rollout.max_staleness,
         "mode": cfg.schedule.mode,
         "buffer_groups": cfg.schedule.buffer_groups,

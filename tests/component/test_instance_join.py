@@ -8,6 +8,7 @@ serves. While generating, it saves each request's new tokens to the durable stor
 from __future__ import annotations
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import grpc
@@ -21,6 +22,7 @@ from rlsched.rollout.instance import Instance, JoinFailed, NotReady
 from rlsched.store.partial import PartialStore
 from rlsched.transfer import weights_pb2 as pb
 from rlsched.transfer.service import WeightService
+from tests.helpers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,33 @@ def test_generation_saves_new_tokens_to_the_store_under_its_attempt(
         seen[sample.request_id] = len(saved)
         assert saved.tokens == sample.token_ids[: len(saved)]  # a prefix of what it produced
     assert all(n > 0 for n in seen.values()) and inst.store_failures == 0
+
+
+def test_routes_refilled_by_slot_join_the_running_rows_each_saved_under_its_own_attempt(
+    service: WeightService, tmp_path: Path
+) -> None:
+    """A second route sent while the first runs (`refill` slot) joins its rows: its short request
+    finishes while the first route's long ones still decode (as a batch of its own it would wait for
+    them), and each request's tokens are saved under its route's attempt."""
+    inst = instance(tmp_path)
+    inst.join(service.address, 1)
+    store = PartialStore(tmp_path / "partial.sqlite")
+    long = SamplingParams(temperature=1.0, max_tokens=400, seed=1)
+    first = [GenerationRequest(RequestId(f"a-{k}"), (5, 6, 7, 8), long) for k in range(2)]
+    brief = SamplingParams(temperature=1.0, max_tokens=3, seed=2)
+    short = GenerationRequest(RequestId("b-0"), (9, 10), brief)
+    got: list[str] = []
+    runner = threading.Thread(
+        target=lambda: got.extend(x.request_id for x in inst.generate(first, 3, "slot"))
+    )
+    runner.start()
+    wait_for(lambda: len(store.saved("a-0")) > 0, "the first route to run", timeout_s=60, every_s=0.01)
+    (sample,) = inst.generate([short], 4, "slot")
+    assert sample.request_id == "b-0" and runner.is_alive() and got == []  # a-0, a-1 still decode
+    assert len(store.saved("b-0")) > 0  # under attempt 4: a write under another attempt is refused
+    runner.join(timeout=120)
+    assert sorted(got) == ["a-0", "a-1"] and inst.store_failures == 0
+    assert inst._attempts == {}  # nothing left claimed here
 
 
 def test_an_instance_that_starts_after_its_version_was_dropped_takes_the_newest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -82,13 +83,14 @@ def test_trainer_ranks_hold_identical_weights(job: tuple[JobController, list[Ite
     assert len(set(sums)) == 1
 
 
-@pytest.mark.parametrize(("policy", "overlap"), [("sjf", False), ("distrs", True)])
+@pytest.mark.parametrize(("policy", "overlap", "refill"), [("sjf", False, "batch"), ("distrs", True, "slot")])
 def test_estimate_driven_dispatch_learns_and_judges_every_sample(
-    ray_session: None, policy: str, overlap: bool
+    ray_session: None, policy: str, overlap: bool, refill: str
 ) -> None:
     """Each estimate-driven order judges every sample once and learns per problem; `sjf` runs as the
     sequential baseline (`schedule.overlap: false`), whose verification starts only once generation
-    has ended (the module's job shows the overlap)."""
+    has ended (the module's job shows the overlap), with the instance refilled batch by batch, as
+    before slot refills: its routes follow one another; refilled by slot, they overlap."""
     controller = JobController(
         load_config(
             None,  # small enough to fit beside the module's job (8 CPUs in all)
@@ -99,6 +101,7 @@ def test_estimate_driven_dispatch_learns_and_judges_every_sample(
                 "verifier.workers=1",
                 "trainer.ranks=1",
                 "rollout.instances=1",
+                f"rollout.refill={refill}",
             ],
         ),
         log=lambda _: None,
@@ -116,6 +119,16 @@ def test_estimate_driven_dispatch_learns_and_judges_every_sample(
             generated = [s for s in controller.spans if s.kind is SpanKind.GENERATE and s.iteration == it]
             assert min(s.start for s in verified) >= max(s.end for s in generated)
     assert all(r.faults == 0 for r in records)
+    batch = controller.cfg.rollout.request_batch
+    for it in (1, 2):
+        routes = sorted(
+            (s.start, s.end) for s in controller.spans if s.kind is SpanKind.BATCH and s.iteration == it
+        )
+        apart = all(a[1] <= b[0] for a, b in itertools.pairwise(routes))
+        if refill == "batch":  # whole batches, one after the other
+            assert len(routes) == samples // batch and apart
+        else:  # each freed row takes the next request at once, beside the rows still running
+            assert len(routes) > samples // batch and not apart
     # the estimator learnt from the pool's outcomes: a key per problem once three siblings were judged
     kind = controller.cfg.verifier.kind
     learnt = [key for (k, key) in controller.estimator._by_key if k == kind]

@@ -73,4 +73,9 @@ def test_preemption_reruns_the_stopped_work_and_judges_every_sample_once() -> No
         verified = [s.id for s in run.spans if s.kind is SpanKind.VERIFY and s.attrs["outcome"] == "Verdict"]
         assert len(verified) == len(set(verified)) == 2 * 2 * 64
     stopped = [s for s in on.spans if s.kind is SpanKind.VERIFY and s.attrs["outcome"] == "Preempted"]
-    assert len(stopped) == len(preempts)
+    # a run whose end fell at the very instant it was chosen finished first (its kill came after, at
+    # the same time, as a kill can lose that race at runtime): judged, with no stopped span
+    judged = [s for s in on.spans if s.kind is SpanKind.VERIFY and s.attrs["outcome"] == "Verdict"]
+    ends = {(s.id, round(s.end, 9)) for s in judged}
+    raced = [d for d in preempts if (d.split(" preempt ")[1].split(" on ")[0], float(d.split()[0])) in ends]
+    assert len(stopped) == len(preempts) - len(raced) and len(raced) <= 1

@@ -115,10 +115,11 @@ def test_token_model_times_generation_and_the_update() -> None:
 
 @pytest.mark.parametrize(
     "group_devices, max_worker_share, max_slowdown",
-    # a costly idle group buys speed; a cheap one buys savings (samples arrive in batch-synchronous
-    # waves, as the runtime routes them, so there is less idle pool to give back than with per-slot
-    # refills: 0.64-0.77 of the fixed pool's worker-seconds over seeds 0-4, and 0.25-0.32)
-    [(1000, 0.8, 1.0), (2, 0.5, 1.1)],
+    # a costly idle group buys speed; a cheap one buys savings at some speed. Refilled slot by slot,
+    # over seeds 0-4: 0.41-0.53 of the fixed pool's worker-seconds at the same iteration time, and
+    # 0.24-0.33 for 1.00-1.23x the time (by batch, whose waves leave less idle pool to give back:
+    # 0.64-0.77 and 0.25-0.32 for 1.00-1.10x)
+    [(1000, 0.6, 1.0), (2, 0.4, 1.25)],
 )
 def test_pool_scaling_weighs_worker_seconds_against_the_idle_group(
     group_devices: int, max_worker_share: float, max_slowdown: float
