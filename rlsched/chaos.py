@@ -52,8 +52,11 @@ SETS = [
     # its reference, so the two would stop after different iterations
     "grpo.time_budget_s=3600",
     # the curve is compared loss for loss: a requeued request regenerated in another batch must get
-    # the log-probs of its first attempt (rlsched/engine/batch_invariant.py)
+    # the log-probs of its first attempt (rlsched/engine/batch_invariant.py), and the batches' make-up
+    # must not depend on timing (refilled slot by slot, the loss of a fault-free run already differed
+    # from its reference's in the 8th digit, rewards and tokens equal)
     "engine.batch_invariant=true",
+    "rollout.refill=batch",
 ]
 
 

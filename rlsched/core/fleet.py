@@ -6,10 +6,10 @@ decides anything itself. A driver feeds `handle` the events it observed, each st
 read from its clock, and carries out the effects returned, in order:
 
 - Routing: an iteration's requests wait in one queue; a READY instance at an admissible version holds
-  up to `request_batch` of them. With `refill` SLOT each row freed by an arrival takes the next
-  request at once; with BATCH an instance takes the next `request_batch` only once its last route has
-  ended, as a static batch would (`Route`; each route is one call on the instance, ended by
-  `StreamEnded` with its number). A joiner that becomes READY mid-iteration is served at once from
+  up to `request_batch` of them. With `refill` SLOT the rows arrivals free take the next requests
+  once `refill_min` of them are free (1: each at once; fewer if fewer wait); with BATCH an instance
+  takes the next `request_batch` only once its last route has ended, as a static batch would
+  (`Route`; each route is one call on the instance, ended by `StreamEnded` with its number). A joiner that becomes READY mid-iteration is served at once from
   what is left.
 - Joining: a new instance (static, transient when its window opens, `rlsched scale`, or granted by
   the cluster scheduler) is ALLOCATED (`StartInstance`) and pulls the latest version (`StartPull`).
