@@ -9,8 +9,8 @@ read from its clock, and carries out the effects returned, in order:
   up to `request_batch` of them. With `refill` SLOT the rows arrivals free take the next requests
   once `refill_min` of them are free (1: each at once; fewer if fewer wait); with BATCH an instance
   takes the next `request_batch` only once its last route has ended, as a static batch would
-  (`Route`; each route is one call on the instance, ended by `StreamEnded` with its number). A joiner that becomes READY mid-iteration is served at once from
-  what is left.
+  (`Route`; each route is one call on the instance, ended by `StreamEnded` with its number). A
+  joiner that becomes READY mid-iteration is served at once from what is left.
 - Joining: a new instance (static, transient when its window opens, `rlsched scale`, or granted by
   the cluster scheduler) is ALLOCATED (`StartInstance`) and pulls the latest version (`StartPull`).
   It serves once the pull is confirmed (`PullDone`). One that confirmed a version that has since
@@ -533,7 +533,7 @@ class FleetCore:
             if not self.pending:
                 return
             free = rows - len(m.running) if by_slot else 0 if m.streams else rows
-            if free <= 0 or free < min(least, len(self.pending)) or not self._takes(m):
+            if free < min(least, len(self.pending)) or not self._takes(m):  # least, pending >= 1
                 continue
             pending = self.pending
             batch = tuple([pending.popleft() for _ in range(min(free, len(pending)))])
