@@ -1,11 +1,16 @@
-"""A multi-turn job's episodes on the rollout fleet: each serving instance is handed a share of the
-batch's groups and runs them to their end on its own engine (`Instance.run_episodes`: the turns on
-its engine, the tools sandboxed on its node, each round journaled in the run's `rounds.sqlite`).
+"""A multi-turn job's episodes on the rollout fleet. A wave's episodes are the fleet core's requests like
+any single-turn job's: it routes them (`rlsched.core.fleet`: refilled slot by slot or batch by batch,
+held off an instance due to reload, handed again when an instance is reclaimed), and each route is a
+streaming `episodes` call on its instance, whose one loop of rounds runs every episode routed there
+(`rlsched.rl.episode_server`: the turns on its engine, the tools sandboxed on its node, each round
+journaled in the run's `rounds.sqlite`). An episode comes back as it ends.
 
-An instance whose actor dies has its groups handed again to one that serves (the fleet replaces the
-dead one, as for any reclaimed instance); there each episode resumes from its last committed round,
-so a tool call that ran is not run again. Groups wait for an instance that has none under way: one
-instance runs one share at a time, on its one engine.
+An instance whose actor dies has its episodes routed again, to one that serves (the fleet replaces
+the dead one, as for any reclaimed instance); there each resumes from its last committed round, so a
+tool call that ran is not run again.
+
+An evaluation's greedy episodes (`FleetEpisodes`) are spread over the serving instances in even
+shares, as a single-turn evaluation's requests are (`actors.controller`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import ray
 
 from actors.fleet import Fleet
 from rlsched.config import JobConfig
+from rlsched.core import fleet_io as fx
 from rlsched.core import iteration as it
 from rlsched.engine.protocol import FinishReason, RequestId, Sample, SamplingParams, WeightVersion
 from rlsched.job.arrivals import Arrival, Batch
@@ -29,7 +35,7 @@ from rlsched.job.interrupt import ctrl_c
 from rlsched.job.records import generate_attrs
 from rlsched.rl import episode_runs as er
 from rlsched.rl.agent import AgentSpec
-from rlsched.rl.episode_runs import EpisodeRun
+from rlsched.rl.episode_runs import EpisodeRun, EpisodeTask, group_tasks
 from rlsched.rl.evaluate import EvalResult, score
 from rlsched.rl.feed import ProblemFeed
 from rlsched.rl.task import TaskProblem
@@ -47,6 +53,9 @@ class _Share:
 
 
 class FleetEpisodes:
+    """An evaluation's episodes: the groups in even shares over the serving instances, each share one
+    `run_episodes` call; a share whose instance dies goes to another."""
+
     def __init__(self, fleet: Fleet, spec: AgentSpec, log: Callable[[str], None] = print) -> None:
         self.fleet, self.spec, self.log = fleet, spec, log
         self._problems: list[TaskProblem] = []
@@ -113,7 +122,8 @@ class FleetEpisodes:
 class Episodes:
     """A multi-turn job's producer of arrivals (`rlsched.job.arrivals.Producer`) for the iteration's driver:
 
-    1. a wave's groups run on the fleet (`FleetEpisodes`), `group_size` episodes of each problem;
+    1. a wave's `group_size` episodes of each problem are the fleet core's requests, each route of
+       them an `episodes` call on its instance;
     2. each ended episode arrives as the sample its verifier judges (its final answer), carrying the
        oldest version of its turns; one whose environment failed past its retries arrives judged, an
        execution fault, never trained;
@@ -125,42 +135,61 @@ class Episodes:
         self, cfg: JobConfig, feed: ProblemFeed, fleet: Fleet, spec: AgentSpec, log: Callable[[str], None],
         fresh: bool,
     ) -> None:  # fmt: skip
-        self.cfg, self.feed, self.fleet, self.log = cfg, feed, fleet, log
-        self.episodes = FleetEpisodes(fleet, spec, log)
+        self.cfg, self.feed, self.fleet, self.spec, self.log = cfg, feed, fleet, spec, log
+        self.evaluation = FleetEpisodes(fleet, spec, log)
         self.journal = RoundJournal(Path(spec.journal)) if spec.journal is not None else None
         if self.journal is not None and fresh:
             self.journal.reset()  # nothing of an earlier run in this directory carries over
+        self.tasks: dict[str, EpisodeTask] = {}  # the waves' episodes not yet arrived
         self.runs: dict[str, EpisodeRun] = {}
         self.last_stats: dict[str, Any] = {}
+        fleet.route_other = self._route
+
+    @property
+    def handed_again(self) -> int:
+        """Episodes routed again since the job started, their instance having died under them."""
+        return self.fleet.counts.resumed + self.fleet.counts.restarted
 
     def begin(self, wave: int, prefix: str) -> tuple[str, ...]:
         if self.journal is not None:
             self.journal.forget_before(wave)  # their records are committed
         problems = [self.feed.next()[1] for _ in range(self.cfg.grpo.prompts_per_step)]
-        k = self.cfg.grpo.group_size
-        self.episodes.begin(prefix, problems, k)
-        return tuple(f"{prefix}-{i}-{m}" for i in range(len(problems)) for m in range(k))
+        tasks = group_tasks(problems, self.cfg.grpo.group_size, prefix)
+        self.tasks.update((t.episode_id, t) for t in tasks)
+        self.fleet.begin(wave, [fx.RequestSpec(t.episode_id, t.group_id, 0) for t in tasks])
+        return tuple(t.episode_id for t in tasks)
+
+    def _route(self, e: fx.Route) -> None:
+        self.fleet.instances.episodes(e.name, e.dispatch, self.spec, [self.tasks[r] for r in e.requests])
 
     def waitables(self) -> list[Any]:
-        return self.episodes.waitables()
+        return []  # the fleet's streams: the driver waits on the fleet's waitables anyway
 
     def on_ready(self, ref: Any) -> list[Arrival]:
-        if not self.episodes.owns(ref):
-            self.fleet.on_ready(ref)  # a replacement instance's join
-            self.episodes.pump()
-            return []
+        again = self.handed_again
+        self.fleet.on_ready(ref)
+        if self.handed_again > again:
+            self.log(
+                f"{self.handed_again - again} episode(s) routed again, their instance having died under "
+                "them: each resumes from its last committed round"
+            )
+        arrived, self.fleet.episodes = self.fleet.episodes, []
         out = []
-        for run in self.episodes.on_ready(ref):
+        for lane, run in arrived:
+            self.tasks.pop(run.episode.id, None)
             self.runs[run.episode.id] = run
             sample = episode_sample(run)
-            attrs = generate_attrs("episodes", sample) | {"turns": run.turns, "tool_calls": run.tool_calls}
+            versions = run.episode.versions  # its turns': the oldest counts, as a sample's oldest token
+            attrs = generate_attrs(lane, sample) | {
+                "turns": run.turns, "tool_calls": run.tool_calls, "versions": versions,
+            }  # fmt: skip
             fault = er.fault_outcome(run) if run.fault is not None else None
-            version = min(run.episode.versions, default=None)  # none: a fault before its first turn
-            out.append(Arrival("episodes", sample, run.problem, version, attrs, fault))
+            version = min(versions, default=None)  # none: a fault before its first turn
+            out.append(Arrival(lane, sample, run.problem, version, attrs, fault))
         return out
 
     def idle(self) -> None:
-        self.episodes.pump()
+        return None
 
     def batch(
         self, update: it.Update, samples: dict[RequestId, Sample], outcomes: dict[RequestId, Outcome]
@@ -171,7 +200,7 @@ class Episodes:
             run.episode.reward = outcome.reward if isinstance(outcome, Verdict) else None
         batch = er.train_batch(runs, self.cfg.agent.train_truncated)
         summary = er.stats(runs)
-        self.last_stats = asdict(summary) | {"handed_again": self.episodes.handed_again}
+        self.last_stats = asdict(summary) | {"handed_again": self.handed_again}
         counts = {"faults": summary.faults, "stale_dropped": 0}
         batch_samples = {RequestId(r.episode.id): samples[RequestId(r.episode.id)] for r in runs}
         return Batch(
@@ -180,6 +209,7 @@ class Episodes:
 
     def forget(self, rid: str) -> None:
         self.runs.pop(rid, None)
+        self.tasks.pop(rid, None)
 
     def close(self) -> None:
         """The job is over: its journal closed, and what killed instances left on this machine swept
@@ -195,22 +225,22 @@ class Episodes:
         """Greedy episodes on the held-out problems, spread over the fleet, their final answers scored
         (an episode whose environment failed counts as not passed)."""
         greedy = dataclasses.replace(sampling, temperature=0.0)
-        self.episodes.begin("eval", list(problems), 1, greedy)
+        self.evaluation.begin("eval", list(problems), 1, greedy)
         runs: list[EpisodeRun] = []
-        while not self.episodes.done:
+        while not self.evaluation.done:
             ctrl_c.check()
-            others = [*self.episodes.waitables(), *self.fleet.waitables()]
+            others = [*self.evaluation.waitables(), *self.fleet.waitables()]
             if not others:
                 self.fleet.wait_serving()
-                self.episodes.pump()
+                self.evaluation.pump()
                 continue
             ready, _ = ray.wait(others, num_returns=1, timeout=1.0)
             for ref in ready:
-                if self.episodes.owns(ref):
-                    runs += self.episodes.on_ready(ref)
+                if self.evaluation.owns(ref):
+                    runs += self.evaluation.on_ready(ref)
                 else:
                     self.fleet.on_ready(ref)
-                    self.episodes.pump()
+                    self.evaluation.pump()
         samples = [
             dataclasses.replace(episode_sample(r), request_id=RequestId(r.episode.id.split("-")[1]))
             for r in runs

@@ -5,8 +5,9 @@ calls:
 
 - `StartInstance`, `StartPull` and `KillInstance` go to the instances' actors (`actors.instances`):
   a pull's report or failure becomes `PullDone`.
-- `Route` starts a streaming `generate` call; each sample it yields is `Arrived`, its end
-  `StreamEnded`, and an actor that died under it `Reclaimed` (preempted).
+- `Route` starts a streaming `generate` call (`episodes`, by `actors.agent_episodes`, for a multi-turn
+  job); each sample or episode it yields is `Arrived`, its end `StreamEnded`, and an actor that died
+  under it `Reclaimed` (preempted).
 - `ReadSaved` and `CutSaved` go to the durable store (`rlsched.store.resumes`): what a reclaimed
   instance saved, and what each requeued request continues from. An `Accepted` sample is stitched
   with its saved log-probabilities and handed to the controller.
@@ -35,12 +36,13 @@ from rlsched.core import fleet_io as fx
 from rlsched.core.fleet import FleetCore, FleetTrace
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.errors import UserError
-from rlsched.metrics.spans import Span, SpanKind
+from rlsched.metrics.spans import Span
 from rlsched.policy.lifecycle import Leave
 from rlsched.policy.versions import PipelineMode
-from rlsched.rl.requests import group_of
+from rlsched.rl.episode_runs import EpisodeRun
+from rlsched.rl.requests import request_spec
 from rlsched.rollout.instance import JoinReport
-from rlsched.rollout.spans import preempt_span, pull_spans, resume_span
+from rlsched.rollout.spans import preempt_span, pull_spans, resume_span, route_span
 from rlsched.store.partial import PartialStore
 from rlsched.store.resumes import Resumes
 
@@ -68,12 +70,14 @@ class Fleet:
         self.instances = Instances(cfg, checkpoint, store_path, retries(cfg).weight_pull, log)
         self.latest: PublishedVersion | None = None
         self.requests: dict[str, GenerationRequest] = {}  # this iteration's, by id
+        self.route_other: Callable[[fx.Route], None] | None = None  # a multi-turn job's episodes'
+        self.episodes: list[tuple[str, EpisodeRun]] = []  # episodes accepted, until their producer takes them
         self.join_reports: list[JoinReport] = []
         self.trace: FleetTrace | None = None
         self.granted: set[str] = set()  # instances the cluster scheduler lent: never replaced
         self._reports: dict[str, JoinReport] = {}
         self._replies: list[fx.Event] = []
-        self._sample: Sample | None = None  # the sample being fed, for its `Accepted`
+        self._sample: Sample | EpisodeRun | None = None  # what is being fed, for its `Accepted`
         self._accepted: list[tuple[str, Sample]] = []
         self._reload_done = False
         self._routed: dict[tuple[str, int], tuple[float, int]] = {}  # (instance, route) -> its start, size
@@ -131,16 +135,23 @@ class Fleet:
         self.instances.pull(e.name, self.latest.address, e.version, e.sources)
 
     def _route(self, e: fx.Route) -> None:
+        self._routed[(e.name, e.dispatch)] = (self.clock(), len(e.requests))
+        if self.route_other is not None and e.requests[0] not in self.requests:
+            self.route_other(e)  # episodes: run by their producer's instances' calls
+            return
         batch = [self.requests[rid] for rid in e.requests]
         for k, (rid, keep) in enumerate(zip(e.requests, e.resume, strict=True)):
             if keep:  # what the store kept for it (the core's cut, at most what was saved)
                 batch[k] = dataclasses.replace(batch[k], resume_ids=self.resumes.resume_ids(rid))
         self.instances.generate(e.name, batch, e.dispatch)
-        self._routed[(e.name, e.dispatch)] = (self.clock(), len(batch))
 
     def _accept(self, e: fx.Accepted) -> None:
-        assert self._sample is not None and self._sample.request_id == e.request_id
-        done = self.resumes.finish(self._sample)
+        item = self._sample
+        if isinstance(item, EpisodeRun):
+            self.episodes.append((e.name, item))
+            return
+        assert item is not None and item.request_id == e.request_id
+        done = self.resumes.finish(item)
         if e.resumed is not None and done.resumed_from:
             self.spans.append(resume_span(e.resumed, done, self.clock(), self.core.iteration))
         self._accepted.append((e.name, done.sample))
@@ -197,10 +208,6 @@ class Fleet:
     def handles(self) -> dict[str, Any]:
         return self.instances.handles
 
-    @property
-    def pulls(self) -> dict[str, Any]:
-        return self.instances.pulls
-
     def serving_versions(self) -> dict[str, int]:
         return self.core.serving_versions()
 
@@ -211,16 +218,15 @@ class Fleet:
     def stranded(self) -> bool:
         return self.core.stranded()
 
-    def begin(self, iteration: int, requests: Sequence[GenerationRequest]) -> None:
-        """An iteration's requests; a pipelined job's queue behind those still running."""
-        if self.core.generating:
-            self.requests.update((r.request_id, r) for r in requests)
-        else:
-            self.requests = {r.request_id: r for r in requests}
+    def begin(self, iteration: int, requests: Sequence[GenerationRequest | fx.RequestSpec]) -> None:
+        """An iteration's requests (a multi-turn job's episodes: specs that `route_other` runs); a
+        pipelined job's queue behind those still running."""
+        mine = {str(r.request_id): r for r in requests if isinstance(r, GenerationRequest)}
+        if not self.core.generating:
+            self.requests = {}
             self.resumes.reset()
-        specs = tuple(
-            fx.RequestSpec(r.request_id, group_of(r.request_id), len(r.prompt_ids)) for r in requests
-        )
+        self.requests.update(mine)
+        specs = tuple(r if isinstance(r, fx.RequestSpec) else request_spec(r) for r in requests)
         self._feed(fx.Begun(self.clock(), iteration, specs))
 
     def tick(self) -> None:
@@ -248,24 +254,20 @@ class Fleet:
             self._sample = ray.get(next(ref))
         except StopIteration:
             del self.instances.streams[key]
-            self._batch_span(key)
+            if (routed := self._routed.pop(key, None)) is not None:  # the route's span: its busy time
+                self.spans.append(route_span(key[0], *routed, self.clock(), self.core.iteration))
             self._feed(fx.StreamEnded(self.clock(), *key))
             return []
         except ray.exceptions.RayActorError:  # the instance died under us: reclaimed from outside
             del self.instances.streams[key]
             self.died(key[0])
             return []
-        self._feed(fx.Arrived(self.clock(), key[0], self._sample.request_id))
+        item = self._sample
+        rid = item.request_id if isinstance(item, Sample) else item.episode.id
+        self._feed(fx.Arrived(self.clock(), key[0], rid))
         self._sample = None
         out, self._accepted = self._accepted, []
         return out
-
-    def _batch_span(self, key: tuple[str, int]) -> None:
-        """A route's generate call, as a span of its instance's lane (its busy time)."""
-        start, requests = self._routed.pop(key, (None, 0))
-        if start is not None:
-            attrs = {"lane": key[0], "requests": requests}
-            self.spans.append(Span(SpanKind.BATCH, key[0], start, self.clock(), self.core.iteration, attrs))
 
     def died(self, name: str) -> None:
         """An instance's actor died (its process or node is gone): preempted, and replaced unless
@@ -288,19 +290,15 @@ class Fleet:
     # -- between iterations -------------------------------------------------------------------------
 
     def publish(self, published: PublishedVersion) -> None:
-        self._drain_pulls()
-        self.latest = published
-        self._feed(fx.Published(self.clock(), published.version, published.nbytes))
-
-    def _drain_pulls(self) -> None:
-        """Joins that finished while nothing waited on them (during the update) are reported first: a
-        new version would otherwise restart a joiner whose pull is already done, and one whose start-up
-        outlasts an iteration would chase versions for ever."""
-        refs = list(self.pulls.values())
-        if refs:
+        """A new version. Joins that finished while nothing waited on them (during the update) are
+        reported first: a new version would otherwise restart a joiner whose pull is already done, and
+        one whose start-up outlasts an iteration would chase versions for ever."""
+        if refs := list(self.instances.pulls.values()):
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
                 self.on_ready(ref)
+        self.latest = published
+        self._feed(fx.Published(self.clock(), published.version, published.nbytes))
 
     def reload(self, hold: Sequence[str] = ()) -> None:
         """Every serving instance (and any allocated one not yet pulling) takes the latest version,
@@ -309,7 +307,7 @@ class Fleet:
         self.reload_begin(hold)
         while not self._reload_done:
             self.tick()  # a transient window may end meanwhile
-            refs = list(self.pulls.values())
+            refs = list(self.instances.pulls.values())
             if not refs:
                 raise RuntimeError("the reload waits for instances, yet none is pulling")  # a core bug
             wait_s = min(0.5, self.next_event_in() or 0.5)
@@ -331,7 +329,7 @@ class Fleet:
         """Block until at least one instance serves (at start-up)."""
         give_up = time.monotonic() + timeout_s
         while not self.core.serving():
-            refs = list(self.pulls.values())
+            refs = list(self.instances.pulls.values())
             if not refs:  # every instance failed: say why (the usual cause is the same for all)
                 raise UserError("no rollout instance could start. " + "; ".join(self.core.join_errors[:2]))
             if time.monotonic() > give_up:

@@ -23,6 +23,8 @@ from rlsched.config_params import instance_bundle
 from rlsched.engine.prefix_cache import BLOCK
 from rlsched.engine.protocol import GenerationRequest
 from rlsched.policy.retry import RetryPolicy
+from rlsched.rl.agent import AgentSpec
+from rlsched.rl.episode_runs import EpisodeTask
 
 
 class Instances:
@@ -110,6 +112,10 @@ class Instances:
         """Route number `dispatch` on `name` (the store's attempt for its requests)."""
         generate = self.handles[name].generate.options(num_returns="streaming")
         self.streams[(name, dispatch)] = generate.remote(list(batch), dispatch, str(self.cfg.rollout.refill))
+
+    def episodes(self, name: str, dispatch: int, spec: AgentSpec, tasks: Sequence[EpisodeTask]) -> None:
+        """Route number `dispatch` of a multi-turn job's episodes on `name`."""
+        self.streams[(name, dispatch)] = self.handles[name].episodes.remote(spec, list(tasks))
 
     def pull_of(self, ref: Any) -> str | None:
         """The instance whose `join` call `ref` is (no longer in flight once named)."""

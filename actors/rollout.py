@@ -11,6 +11,8 @@ import ray
 
 from rlsched.engine.protocol import GenerationRequest, Sample
 from rlsched.engine.stream_server import Event
+from rlsched.rl.agent import AgentSpec
+from rlsched.rl.episode_runs import EpisodeRun, EpisodeTask
 from rlsched.rollout import instance
 
 STREAMS = 256  # routes and endpoint requests one instance streams at once (each holds a thread)
@@ -37,6 +39,10 @@ class Instance(instance.Instance):  # named as before: `ray::Instance` is its pr
     def stream(self, request: GenerationRequest, priority: int = 0) -> Iterator[Event]:  # type: ignore[override]
         yield from super().stream(request, priority)
 
+    @ray.method(num_returns="streaming", concurrency_group="stream")
+    def episodes(self, spec: AgentSpec, tasks: Sequence[EpisodeTask]) -> Iterator[EpisodeRun]:  # type: ignore[override]
+        yield from super().episodes(spec, tasks)
+
     @ray.method(concurrency_group="control")
     def streams(self) -> tuple[int, int]:  # type: ignore[override]
         return super().streams()
@@ -47,8 +53,8 @@ class Instance(instance.Instance):  # named as before: `ray::Instance` is its pr
 
 
 # one thread joins, the other answers abort and drain; status and the endpoint's cancel never wait
-# behind a join; each route of the job's requests and each endpoint request streams on a thread of
-# its own
+# behind a join; each route of the job's requests (or episodes) and each endpoint request streams on
+# a thread of its own
 RolloutInstance = ray.remote(max_concurrency=2, concurrency_groups={"control": 2, "stream": STREAMS})(
     Instance
 )

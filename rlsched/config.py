@@ -498,11 +498,6 @@ class JobConfig(Section):
                 "schedule.mode async does not serve the OpenAI endpoint yet (its episodes stay pinned to a "
                 "version); run the endpoint with mode sync"
             )
-        if self.rollout.endpoint.enabled and self.engine.kind is EngineKind.VLLM:
-            raise ValueError(
-                "rollout.endpoint streams from torch rollout instances; with engine.kind vllm, serve "
-                "beside the job with `rlsched serve CHECKPOINT --engine vllm`"
-            )
         return self
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NewType, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from rlsched.model.tokenizer import Tokenizer
     from rlsched.transfer.manifest import Buffer
 
 RequestId = NewType("RequestId", str)
@@ -185,6 +186,7 @@ class WeightStage(Protocol):
 
 class RolloutEngine(Protocol):
     max_batch: int  # sequences it generates at once
+    tokenizer: Tokenizer  # its checkpoint's
 
     @property
     def version(self) -> WeightVersion: ...

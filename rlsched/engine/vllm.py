@@ -449,3 +449,60 @@ class VllmRolloutEngine:
     async def _stop(engine: Any) -> None:
         engine.shutdown()
         await asyncio.sleep(0)  # let the cancelled tasks finish
+
+
+class VllmStreams:
+    """A vLLM engine serving streams with `StreamServer`'s interface (`submit`, `cancel`, `running`,
+    `waiting`), so that a rollout instance streams the endpoint's requests from either engine: each
+    request goes to `AsyncLLM` on the engine's loop with its priority (`VllmRolloutEngine.stream`;
+    vLLM batches them), and counts as waiting until its first token. `deliver` is called on that loop's
+    thread, with each step's tokens, then the sample (or what went wrong); a cancelled request is
+    aborted (its sample: ABORT)."""
+
+    def __init__(self, engine: VllmRolloutEngine) -> None:
+        self.engine = engine
+        self._started: dict[RequestId, bool] = {}  # each request in flight: has it a token yet
+        self._lock = threading.Lock()
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return sum(self._started.values())
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._started) - sum(self._started.values())
+
+    def submit(
+        self,
+        req: GenerationRequest,
+        priority: int,
+        deliver: Callable[[list[TokenEvent] | Sample | BaseException], object],
+    ) -> None:
+        rid = req.request_id
+        self.engine.check(req)
+        with self._lock:
+            self._started[rid] = False
+
+        def tokens(events: list[TokenEvent]) -> None:
+            with self._lock:
+                if rid in self._started:
+                    self._started[rid] = True
+            deliver(events)
+
+        def done(out: Sample | BaseException) -> None:
+            with self._lock:
+                self._started.pop(rid, None)
+            deliver(out)
+
+        self.engine.stream(req, priority, tokens, done)
+
+    def cancel(self, request_id: RequestId) -> None:
+        with self._lock:
+            live = self._started.pop(request_id, None) is not None
+        if live:
+            self.engine.abort(request_id)
+
+    def close(self) -> None:
+        return None  # the engine is the instance's, shut down with it

@@ -17,7 +17,6 @@ from rlsched.job.capacity import check_capacity
 from rlsched.job.durability import checkpoint_root
 from rlsched.model.checkpoint import BASE_CHECKPOINT, inspect_checkpoint, load_prompting
 from rlsched.model.tokenizer import Tokenizer
-from rlsched.policy.versions import PipelineMode
 from rlsched.rl import agent as ag
 from rlsched.rl.task import check_prompts
 from rlsched.rl.tasks import build_task
@@ -57,10 +56,6 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
 
 def check_agent(cfg: JobConfig, tokenizer: Tokenizer) -> None:
     """What a multi-turn job (`agent.tools`) cannot be combined with on Ray, said before it starts."""
-    if cfg.schedule.mode is not PipelineMode.SYNC:
-        raise UserError("multi-turn episodes (agent.tools) run in schedule.mode sync; set it")
-    if cfg.engine.kind is not EngineKind.TORCH:
-        raise UserError("multi-turn episodes (agent.tools) run on the torch engine; set engine.kind torch")
     if cfg.rollout.endpoint.enabled:
         raise UserError(
             "a job with agent.tools runs its own episodes; the OpenAI endpoint's agents are another job "

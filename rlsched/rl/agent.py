@@ -39,12 +39,12 @@ import copy
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from environments.protocol import EnvironmentFault, Observation, ToolSpec
 from environments.sandboxed import SandboxedTools, ToolEnvironments
@@ -55,7 +55,6 @@ from rlsched.engine.protocol import (
     FinishReason,
     GenerationRequest,
     RequestId,
-    RolloutEngine,
     Sample,
     SamplingParams,
 )
@@ -64,7 +63,7 @@ from rlsched.model.content import Rendered, render_shielded
 from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.environments import Capacity, EnvPolicy
 from rlsched.policy.retry import RetryPolicy
-from rlsched.rl.episode_runs import EpisodeRun
+from rlsched.rl.episode_runs import EpisodeRun, EpisodeTask, group_tasks
 from rlsched.rl.requests import request_seed, run_seed_for_requests
 from rlsched.rl.task import TaskProblem
 from rlsched.serve.episodes import EndReason, Episode, Turn, continue_prompt
@@ -155,12 +154,22 @@ def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: Sequence
     return render_shielded(tokenizer, template, messages)
 
 
+class TurnEngine(Protocol):
+    """What the episodes ask of an engine: a round's turns generated, each sample as it finishes (a
+    `RolloutEngine`, or a torch rollout instance's continuous batch, `Instance.rows_engine`)."""
+
+    @property
+    def context_length(self) -> int: ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]: ...
+
+
 class AgentRollout:
     """Episodes of a batch of problems, `group_size` per problem, on one engine."""
 
     def __init__(
         self,
-        engine: RolloutEngine,
+        engine: TurnEngine,
         tokenizer: Tokenizer,
         make_env: EnvFactory,
         params: SamplingParams,
@@ -300,20 +309,32 @@ class AgentRollout:
             other = copy.copy(self)  # the same engine, environments and thread pool
             other.params, other.journal = params, None
             return other.run(problems, group_size, prefix, indices=indices)
-        places = list(indices) if indices is not None else list(range(len(problems)))
-        runs = [
-            self._start(f"{prefix}-{i}-{k}", f"{prefix}-{i}", p)
-            for i, p in zip(places, problems, strict=True)
-            for k in range(group_size)
-        ]
+        runs: list[EpisodeRun] = []
         try:
-            self._finish_rounds([r for r in runs if r.live and r.open_calls is not None])  # resumed
+            runs = self.begin(group_tasks(problems, group_size, prefix, indices))
             while live := [r for r in runs if r.live]:
-                self._round(live)
+                self.round(live)
         finally:
-            for r in runs:  # only one still open (an exception) is ended here, its journal left as it is
-                self._end(r, EndReason.WALL_TIME, commit=False)
+            self.abandon(runs)
         return runs
+
+    def begin(self, tasks: Sequence[EpisodeTask]) -> list[EpisodeRun]:
+        """Each episode started, or resumed where its journal left it (a round under way finished:
+        its calls that did not run, then the append)."""
+        runs = [self._start(t.episode_id, t.group_id, t.problem) for t in tasks]
+        self._finish_rounds([r for r in runs if r.live and r.open_calls is not None])
+        return runs
+
+    def round(self, live: Sequence[EpisodeRun]) -> None:
+        """One turn of each live episode: their replies generated in one batch, each one's tool calls
+        run the moment it arrives, the observations appended."""
+        self._round(list(live))
+
+    def abandon(self, runs: Sequence[EpisodeRun]) -> None:
+        """Episodes left open by an exception ended here, their journals left as they are (a resumed
+        run takes them up again)."""
+        for r in runs:
+            self._end(r, EndReason.WALL_TIME, commit=False)
 
     def _limit(self, run: EpisodeRun) -> EndReason | None:
         if run.turns >= self.limits.max_turns:
@@ -491,7 +512,7 @@ class AgentSpec:
     run_seed: int | None = None
     chat_template: str | None = None
 
-    def rollout(self, engine: RolloutEngine, tokenizer: Tokenizer) -> AgentRollout:
+    def rollout(self, engine: TurnEngine, tokenizer: Tokenizer) -> AgentRollout:
         if self.chat_template is not None:
             tokenizer.hf.chat_template = self.chat_template
         make_env = environment_factory(self.agent, self.sandbox)

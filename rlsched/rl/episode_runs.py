@@ -23,6 +23,27 @@ from verifiers.protocol import ExecutionFault, FaultKind
 LIMITS = frozenset({EndReason.MAX_TURNS, EndReason.MAX_TOKENS, EndReason.WALL_TIME, EndReason.LENGTH})
 
 
+@dataclass(frozen=True)
+class EpisodeTask:
+    """An episode to run: its id (`PREFIX-PLACE-MEMBER`), its group (`PREFIX-PLACE`) and its problem."""
+
+    episode_id: str
+    group_id: str
+    problem: TaskProblem
+
+
+def group_tasks(
+    problems: Sequence[TaskProblem], group_size: int, prefix: str, places: Sequence[int] | None = None
+) -> list[EpisodeTask]:
+    """`group_size` episodes of each problem, grouped by its place (its index, or its entry in `places`)."""
+    at = list(places) if places is not None else list(range(len(problems)))
+    return [
+        EpisodeTask(f"{prefix}-{i}-{k}", f"{prefix}-{i}", p)
+        for i, p in zip(at, problems, strict=True)
+        for k in range(group_size)
+    ]
+
+
 @dataclass
 class EpisodeRun:
     """One episode as it runs: the record, the conversation the template renders, and its counts."""

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Sequence
 
 from rlsched.config import EngineKind, JobConfig, SamplingConfig
+from rlsched.core.fleet_io import RequestSpec
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
 from rlsched.model.template import PromptFormat
 from rlsched.model.tokenizer import Tokenizer
@@ -53,6 +54,11 @@ def group_requests(
 def group_of(request_id: str) -> str:
     """The group a request belongs to: its id without the member (`PREFIX-PROBLEM`)."""
     return request_id.rsplit("-", 1)[0]
+
+
+def request_spec(request: GenerationRequest) -> RequestSpec:
+    """What the fleet core reads of a request: its id, its group and its prompt's length."""
+    return RequestSpec(request.request_id, group_of(request.request_id), len(request.prompt_ids))
 
 
 def run_seed_for_requests(cfg: JobConfig) -> int | None:

@@ -17,6 +17,11 @@ durable store every `flush_s` (`rlsched.store`), under the attempt its route was
 instance's requests then resume elsewhere from what was saved. A store that fails mid-run is logged
 once and generation goes on (the requests would restart instead of resuming).
 
+Every engine serves every kind of demand: the endpoint's streams (`stream`: torch's continuous batch
+through `StreamServer`, vLLM's through `VllmStreams`), and a multi-turn job's routes of episodes
+(`episodes`: one loop of rounds per instance, `rlsched.rl.episode_server`, whose turns are requests
+like any other).
+
 `Instance` is a plain class (component tests and the weight benchmark drive it without Ray);
 `actors.rollout.RolloutInstance` is its actor.
 """
@@ -32,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -56,13 +62,17 @@ from rlsched.policy.retry import RetryPolicy
 from rlsched.policy.routing import Refill
 from rlsched.policy.versions import SwapKV
 from rlsched.rl.agent import AgentRollout, AgentSpec
-from rlsched.rl.episode_runs import EpisodeRun
+from rlsched.rl.episode_runs import EpisodeRun, EpisodeTask
+from rlsched.rl.episode_server import EpisodeServer
 from rlsched.rl.task import TaskProblem
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
 from rlsched.transfer.manifest import LATEST, Assembly, Buffer, blank, prefaulted
 from rlsched.transfer.plane import Plane
 from rlsched.transfer.service import WeightService
+
+if TYPE_CHECKING:
+    from rlsched.engine.vllm import VllmStreams
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +82,6 @@ RELAY_AWAIT_S = 10.0  # a peer that asks this instance's relay for a version it 
 
 class NotReady(RuntimeError):
     """Requests sent to an instance that is not READY: a controller bug, never silently served."""
-
-
-class NotServing(RuntimeError):
-    """The instance's engine cannot serve the endpoint's streams."""
 
 
 class JoinFailed(RuntimeError):
@@ -203,9 +209,10 @@ class Instance:
         self._spare: _Spare | None = None  # the next pull's buffer, where each version needs its own
         self._attempts: dict[str, int] = {}  # a job's request running here -> its route's attempt
         self.store_failures = 0
-        self._streams: StreamServer | None = None  # the endpoint's requests, made on the first
+        self._streams: StreamServer | VllmStreams | None = None  # the endpoint's requests, made on the first
         self._streams_lock = threading.Lock()
         self._agent: AgentRollout | None = None  # a multi-turn job's episodes, made on the first
+        self._episodes: EpisodeServer | None = None  # ... and their loop of rounds
         self._prepare_spare(background=False)  # part of starting: the first pull finds it made
 
     def _to(self, target: InstanceState) -> None:
@@ -458,6 +465,25 @@ class Instance:
         return str(self.state), version, self.store_failures
 
     # -- a multi-turn job's episodes -------------------------------------------------------------
+    def episodes(self, spec: AgentSpec, tasks: Sequence[EpisodeTask]) -> Iterator[EpisodeRun]:
+        """A route of a multi-turn job's episodes (the fleet core routes them as any request): they
+        join this instance's one loop of rounds (`rlsched.rl.episode_server`), each with its
+        environments sandboxed on this node and every round journaled where `spec` says (one that an
+        earlier instance left under way resumes from its last committed round); each comes back as it
+        ends."""
+        if self.state is not InstanceState.READY:
+            raise NotReady(f"{self.instance_id} is {self.state}, not ready")
+        ended: queue.SimpleQueue[EpisodeRun | BaseException] = queue.SimpleQueue()
+        with self._streams_lock:
+            if self._episodes is None:
+                self._episodes = EpisodeServer(self._rollout_agent(spec))
+        self._episodes.submit(tasks, ended.put)
+        for _ in tasks:
+            item = ended.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
     def run_episodes(
         self,
         spec: AgentSpec,
@@ -467,17 +493,24 @@ class Instance:
         prefix: str,
         params: SamplingParams | None = None,
     ) -> list[EpisodeRun]:
-        """Episodes `PREFIX-PLACE-MEMBER` of `problems` (their `places` in the batch) on this engine,
-        each with its environments sandboxed on this node, every round journaled where `spec` says:
-        one that an earlier instance left under way resumes from its last committed round. `params`:
-        an evaluation's sampling knobs (not journaled)."""
+        """An evaluation's episodes `PREFIX-PLACE-MEMBER` of `problems` (their `places`), run to their
+        end with `params` (greedy), outside the rounds of the job's routes and not journaled."""
         if self.state is not InstanceState.READY:
             raise NotReady(f"{self.instance_id} is {self.state}, not ready")
-        if not isinstance(self.engine, TorchRolloutEngine):
-            raise NotServing(f"{self.instance_id}: multi-turn episodes run on torch instances (engine.kind)")
+        return self._rollout_agent(spec).run(problems, group_size, prefix, params, indices=places)
+
+    def _rollout_agent(self, spec: AgentSpec) -> AgentRollout:
+        """The episodes' runner on this engine (a turn is a request like any other): on torch its
+        rounds' turns join the instance's continuous batch beside the endpoint's streams and the job's
+        slot-refilled routes (`rows_engine`); vLLM batches whatever comes by itself."""
         if self._agent is None:
-            self._agent = spec.rollout(self.engine, self.engine.tokenizer)
-        return self._agent.run(problems, group_size, prefix, params, indices=places)
+            engine = self.rows_engine() if isinstance(self.engine, TorchRolloutEngine) else self.engine
+            self._agent = spec.rollout(engine, self.engine.tokenizer)
+        return self._agent
+
+    def rows_engine(self) -> _RowsEngine:
+        """This torch instance's continuous batch as an engine (`rlsched.rl.agent.TurnEngine`)."""
+        return _RowsEngine(self.engine.context_length, self._rows)
 
     # -- the endpoint's streams -----------------------------------------------------------------
     def describe(self) -> tuple[int, int]:
@@ -518,16 +551,17 @@ class Instance:
         if self._streams is not None:
             self._streams.cancel(RequestId(request_id))
 
-    def _stream_server(self) -> StreamServer:
-        if not isinstance(self.engine, TorchRolloutEngine):
-            raise NotServing(
-                f"{self.instance_id}: the endpoint streams from torch instances; serve a vLLM engine "
-                "in one process with `rlsched serve --engine vllm`"
-            )
+    def _stream_server(self) -> StreamServer | VllmStreams:
         with self._streams_lock:
             if self._streams is None:
-                sink = self._save_partials if self.store is not None else None
-                self._streams = StreamServer(self.engine, sink, self.flush_s)
+                if isinstance(self.engine, TorchRolloutEngine):
+                    sink = self._save_partials if self.store is not None else None
+                    self._streams = StreamServer(self.engine, sink, self.flush_s)
+                else:  # vLLM batches and schedules the requests itself
+                    from rlsched.engine.vllm import VllmRolloutEngine, VllmStreams
+
+                    assert isinstance(self.engine, VllmRolloutEngine)
+                    self._streams = VllmStreams(self.engine)
             return self._streams
 
     def drain(self) -> str:
@@ -540,6 +574,8 @@ class Instance:
             self._to(InstanceState.DRAINING)
         if self._streams is not None:
             self._streams.close()
+        if self._episodes is not None:
+            self._episodes.stop()
         if self._agent is not None:
             self._agent.close()
         if self.state is not InstanceState.RELEASED:
@@ -549,6 +585,17 @@ class Instance:
         if self.relay is not None:
             self.relay.close()
         return str(self.state)
+
+
+@dataclass(frozen=True)
+class _RowsEngine:
+    """`Instance.rows_engine`: requests generated as rows of the instance's continuous batch."""
+
+    context_length: int
+    rows: Callable[[Sequence[GenerationRequest]], Iterator[Sample]]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
+        return self.rows(requests)
 
 
 class _Spare:

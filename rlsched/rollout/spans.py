@@ -47,3 +47,9 @@ def resume_span(info: Resumption, done: Stitched, end: float, iteration: int) ->
         "logprob_drift": done.logprob_drift,
     }
     return Span(SpanKind.RESUME, done.sample.request_id, info.preempted_at, end, iteration, attrs)
+
+
+def route_span(name: str, started: float, requests: int, end: float, iteration: int) -> Span:
+    """A route's call on an instance (its requests or episodes), as a span of the instance's lane (its
+    busy time)."""
+    return Span(SpanKind.BATCH, name, started, end, iteration, {"lane": name, "requests": requests})

@@ -16,9 +16,11 @@ import copy
 import dataclasses
 import io
 import json
+import queue
 import tarfile
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from rlsched.model.checkpoint import load_checkpoint
 from rlsched.policy.retry import RetryPolicy
 from rlsched.rl import agent as ag
 from rlsched.rl import episode_runs as er
+from rlsched.rl.episode_server import EpisodeServer
 from rlsched.rl.episodes import episode_batch
 from rlsched.rl.task import JsonlProblem
 from rlsched.serve.episodes import EndReason, Episode, training_sequence
@@ -106,6 +109,41 @@ def test_an_episode_calls_the_tool_reads_its_result_and_answers(trained: Model) 
     assert Episode.from_json(runs[0].episode.as_json()).turns == runs[0].episode.turns
     assert len(episode_batch([r.episode for r in runs]).items) == 3
     assert sum(r.cached_tokens for r in runs) > 0  # the second turns' prompts came from the prefix cache
+
+
+def test_routes_that_arrive_apart_join_one_loop_of_rounds_and_each_gets_its_episodes_back(
+    trained: Model,
+) -> None:
+    """An instance's episode loop (`rlsched.rl.episode_server`): a route that arrives while another's
+    episodes are in their first round joins the next round, so one batch holds both routes' turns; each
+    route gets back its own episodes, ended as they would be alone."""
+    rollout = trained.rollout(agent_cfg())
+    rounds: list[list[str]] = []
+    first_round = threading.Event()
+    one_round = rollout.round
+
+    def watched(live: Sequence[er.EpisodeRun]) -> None:  # the loop's rounds, as they start
+        rounds.append([r.episode.id for r in live])
+        first_round.set()
+        one_round(live)
+
+    rollout.round = watched  # type: ignore[method-assign]
+    server = EpisodeServer(rollout)
+    ended: dict[str, queue.SimpleQueue[Any]] = {"a": queue.SimpleQueue(), "b": queue.SimpleQueue()}
+    try:
+        server.submit(er.group_tasks(trained.problems[:1], 2, "a"), ended["a"].put)
+        assert first_round.wait(60)
+        server.submit(er.group_tasks(trained.problems[1:2], 2, "b"), ended["b"].put)
+        got = {k: [q.get(timeout=120) for _ in range(2)] for k, q in ended.items()}
+    finally:
+        server.stop()
+        rollout.close()
+    assert rounds[0] == ["a-0-0", "a-0-1"]
+    assert ["a-0-0", "a-0-1", "b-0-0", "b-0-1"] in rounds  # a's second turns beside b's first
+    for route, runs in got.items():
+        assert sorted(r.episode.id for r in runs) == [f"{route}-0-0", f"{route}-0-1"]
+        for run in runs:
+            assert run.episode.ended is EndReason.FINAL_ANSWER and (run.turns, run.tool_calls) == (2, 1)
 
 
 @pytest.mark.parametrize(("policy", "prepared"), [("resident", (1, 1)), ("rebuild", (1, 0))])

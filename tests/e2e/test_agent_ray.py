@@ -1,13 +1,13 @@
 """A multi-turn job on Ray, as a user runs it (`rlsched run configs/jobs/agent_calc.yaml`): a tiny
 model with SmolLM2's tokenizer, taught the calculator's call format (tests/agent_model.py), two rollout
-instances each running a share of the episodes with the calculator sandboxed beside it, every round
+instances each running a route of the episodes with the calculator sandboxed beside it, every round
 journaled in the run's `rounds.sqlite`.
 
-One rollout instance is killed with SIGKILL while its episodes are under way. Its groups go to an
-instance that serves, where each episode resumes from its last committed round: the iteration
-commits with every episode, and the calculator (which keeps a line per run in its work directory)
-ran exactly once per call the episodes made. Nothing of any environment is left on the machine
-afterwards.
+One rollout instance is killed with SIGKILL while its episodes are under way. The fleet core routes
+them again, to an instance that serves, where each episode resumes from its last committed round:
+the iteration commits with every episode, and the calculator (which keeps a line per run in its work
+directory) ran exactly once per call the episodes made. Nothing of any environment is left on the
+machine afterwards.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,13 +33,15 @@ from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-# the calculator, taking 1.5 s a call (so that the kill lands while calls are under way, however fast
-# the model answers) and keeping a line per completed run in its work directory
-COUNTING = (
-    "import time\ntime.sleep(1.5)\n"
-    + (ROOT / "configs" / "tools" / "calculator.py").read_text()
-    + "\nwith open('runs.txt', 'a') as f:\n    f.write('ran\\n')\n"
-)
+
+def counting(sleep_s: float) -> str:
+    """The calculator, taking `sleep_s` a call (so that what the test does lands while calls are under
+    way, however fast the model answers) and keeping a line per completed run in its work directory."""
+    return (
+        f"import time\ntime.sleep({sleep_s})\n"
+        + (ROOT / "configs" / "tools" / "calculator.py").read_text()
+        + "\nwith open('runs.txt', 'a') as f:\n    f.write('ran\\n')\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def calc_model(tool_model: Path) -> Path:
     return tool_model
 
 
-def job_file(tmp_path: Path, model: Path) -> Path:
+def job_file(tmp_path: Path, model: Path, sleep_s: float = 1.5) -> Path:
     """agent_calc.yaml, small, on the problems the tiny model learned (tests/agent_model.py): a model
     that small replays what it learned there (a call, then the answer), and on a problem it has never
     seen writes no call at all. The mechanism under test (rounds, journals, resumption) does not care
@@ -56,7 +59,7 @@ def job_file(tmp_path: Path, model: Path) -> Path:
 
     cfg = yaml.safe_load((ROOT / "configs" / "jobs" / "agent_calc.yaml").read_text())
     program = tmp_path / "counting_calculator.py"
-    program.write_text(COUNTING)
+    program.write_text(counting(sleep_s))
     taught = teacher_problems()
     rows = [
         {"id": f"{split}-{k}", "prompt": p.messages()[0].content, "reference": p.answer, "split": split}
@@ -71,13 +74,26 @@ def job_file(tmp_path: Path, model: Path) -> Path:
     cfg["task"] = {"name": "jsonl", "path": str(problems)}
     cfg["grpo"] |= {"steps": 1, "prompts_per_step": 4, "group_size": 2, "time_budget_s": 900}
     cfg["eval"] = {"every_steps": 100, "curve_size": 16}
-    cfg["rollout"] = {"instances": 2}
+    cfg["rollout"] = {"instances": 2, "request_batch": 4}  # the 8 episodes in a route of 4 on each
     cfg["trainer"] |= {"ranks": 1}  # the gang is not what this is about: a process fewer to start
     cfg["verifier"] |= {"workers": 1}
     cfg.setdefault("run", {})["record_iterations"] = True  # the iteration core's trace, replayed below
     path = tmp_path / "agent_job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def run_small(tmp_path: Path, cfg: dict[str, Any], timeout_s: float = 600) -> Path:
+    """`rlsched run` of `cfg` (a `job_file`'s, changed) without the trace record, as a user runs it;
+    its run directory, once it has exited 0."""
+    out = tmp_path / "run"
+    cfg["run"]["record_iterations"] = False
+    job = tmp_path / "small_agent_job.yaml"
+    job.write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, "-m", "rlsched.cli", "run", str(job), "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
 
 
 def episodes_under_way(journal: Path) -> int:
@@ -126,7 +142,10 @@ def test_a_killed_instance_s_episodes_resume_elsewhere_without_running_a_tool_tw
                 proc.kill()
         log.close()
     stdout = (tmp_path / "stdout.txt").read_text()
-    assert "died running" in stdout and "resuming from its last committed round" in stdout
+    assert (
+        "routed again, their instance having died" in stdout
+        and "resumes from its last committed round" in stdout
+    )
     (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["iteration"] == 1 and row["samples"] == 8  # every episode, once
     episodes = row["extra"]["episodes"]
@@ -155,3 +174,35 @@ def test_a_killed_instance_s_episodes_resume_elsewhere_without_running_a_tool_tw
     trace = load_trace(out / "iteration_trace.pkl")
     assert replays_in_every_driver(load_config(job), trace) == []
     print(f"multi-turn iteration trace: {len(trace.steps)} events, equal in the sim's, --local's and a copy")
+
+
+def test_async_episodes_that_span_a_version_bump_count_from_their_oldest_turn(
+    calc_model: Path, tmp_path: Path
+) -> None:
+    """`schedule.mode: async` with multi-turn episodes (k = 1, versions swapped in flight): the second
+    wave's episodes start at v0 while the first's are judged and trained on, and v1 arrives while they
+    wait for their calculator (5 s a call), so their answers are sampled at v1. Such an episode counts
+    from its oldest turn, as a single-turn sample from its oldest token: step 2 trains it at staleness 1,
+    inside the bound, and the record says so."""
+    cfg = yaml.safe_load(job_file(tmp_path, calc_model, sleep_s=5.0).read_text())
+    cfg["schedule"] = {"mode": "async"}
+    cfg["grpo"] |= {"steps": 2, "prompts_per_step": 2, "group_size": 2}
+    # one instance, a wave a route (4 rows, refilled once all 4 are free): wave 2 starts as wave 1 ends
+    cfg["rollout"] = {
+        "instances": 1, "request_batch": 4, "max_staleness": 1, "inflight_update": "swap",
+    }  # fmt: skip
+    out = run_small(tmp_path, cfg)
+
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert all(r["samples"] == 4 for r in rows)  # every episode of each wave, none dropped
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    episodes = {
+        e["name"]: e["args"] for e in events if e.get("cat") == "generate" and "versions" in e.get("args", {})
+    }
+    spanning = [args for args in episodes.values() if args["versions"] == [0, 1]]
+    assert spanning, {name: args["versions"] for name, args in episodes.items()}
+    assert all(args["iteration"] == 2 for args in spanning)  # wave 2's
+    assert rows[1]["extra"]["staleness"].get("1", 0) >= len(spanning)  # trained from their oldest turn
+    staleness = rows[1]["extra"]["staleness"]
+    print(f"{len(spanning)} of wave 2's episodes span v0 and v1; step 2's staleness: {staleness}")

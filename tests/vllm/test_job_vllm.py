@@ -16,8 +16,10 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+from openai import OpenAI
 
 from tests.helpers import ROOT, Printed, committed, rlsched, spans, wait_for
 
@@ -38,11 +40,12 @@ OVERRIDES = [
     "rollout.instances=1",
     "rollout.request_batch=8",
     "store.flush_s=0.05",
+    "rollout.endpoint.enabled=true",
 ]
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int, list[Any]]:
     out = tmp_path_factory.mktemp("runs") / "vllm-job"
     sets = [x for o in OVERRIDES for x in ("--set", o)]
     command = [
@@ -60,6 +63,7 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
     printed = Printed(job)
     try:
         wait_for(lambda: committed(out) >= 2, "iteration 2 to commit", timeout_s=400)
+        answers = ask_the_endpoint(printed)
         assert rlsched("scale", out.name, "--add", "1").returncode == 0
         printed.wait_for_line(r"^scaled-1 joined at v", "scaled-1 to be READY", timeout_s=300)
         served_from = committed(out) + 1
@@ -78,11 +82,24 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, int]:
         job.kill()
     assert job.returncode == 0, stdout[-4000:]
     print(stdout[-3000:])
-    return stdout, out, served_from
+    return stdout, out, served_from, answers
+
+
+def ask_the_endpoint(printed: Printed) -> list[Any]:
+    """The job's OpenAI endpoint, over its vLLM instances: a completion whole, then streamed."""
+    line = printed.wait_for_line(r"^endpoint: .* at http://\S+/v1 over the rollout fleet", "the endpoint")
+    url = re.search(r"(http://\S+/v1)", line)
+    assert url is not None
+    client = OpenAI(base_url=url.group(1), api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    ask = {"model": model, "prompt": "12+7=", "max_tokens": 6, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**ask)  # type: ignore[call-overload]
+    chunks = list(client.completions.create(**ask, stream=True))  # type: ignore[call-overload]
+    return [whole, chunks]
 
 
 def test_the_job_completes_and_learns_with_vllm_instances(vllm_run) -> None:
-    stdout, out, _ = vllm_run
+    stdout, out, _, _ = vllm_run
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # `rlsched finish` ended it after the iteration in progress: every iteration until then committed
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) < STEPS
@@ -97,7 +114,7 @@ def test_the_job_completes_and_learns_with_vllm_instances(vllm_run) -> None:
 
 
 def test_every_sample_is_used_once_at_the_version_being_trained(vllm_run) -> None:
-    _, out, _ = vllm_run
+    _, out, _, _ = vllm_run
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     gen = [e for e in spans(out) if e["cat"] == "generate"]
     for r in rows:
@@ -108,7 +125,7 @@ def test_every_sample_is_used_once_at_the_version_being_trained(vllm_run) -> Non
 
 
 def test_a_scaled_vllm_instance_joins_serves_and_its_requests_resume_when_preempted(vllm_run) -> None:
-    stdout, out, served_from = vllm_run
+    stdout, out, served_from, _ = vllm_run
     assert re.search(r"scaled-1 joined at v\d+: transfer .* load [0-9.]+ s", stdout)
     ev = spans(out)
     (join,) = [e for e in ev if e["cat"] == "join" and e["name"] == "join scaled-1"]
@@ -119,3 +136,13 @@ def test_a_scaled_vllm_instance_joins_serves_and_its_requests_resume_when_preemp
     for r in [e for e in ev if e["cat"] == "resume"]:  # those it was running when it went
         a = r["args"]
         assert a["from"] == "scaled-1" and 0 < a["resumed_from"] <= a["saved"] < a["final_tokens"] == 48
+
+
+def test_the_job_s_endpoint_streams_from_its_vllm_instances(vllm_run) -> None:
+    """`rollout.endpoint` over vLLM rollout instances: each request goes to an instance's vLLM engine
+    (`rlsched.engine.vllm.VllmStreams`) and streams back through the endpoint actor."""
+    stdout, _, _, (whole, chunks) = vllm_run
+    assert whole.usage.completion_tokens == 6 and whole.choices[0].text
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert streamed and len({c.id for c in chunks}) == 1
+    assert "over the rollout fleet" in stdout
