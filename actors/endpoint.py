@@ -9,12 +9,15 @@ proxy, its own port) and a second autoscaler beside the fleet core's. One actor 
 (`rlsched.serve.server.start`) is the whole server; it holds no state a restart would lose except
 the captured episodes, which it hands to the trainer.
 
-`FleetBackend` is the app's backend (`rlsched.serve.backend.Backend`): it keeps a view of each
-instance (state and weight version, polled every `refresh_s`, and the requests it has sent there),
-routes each request with `rlsched.policy.routing.route` (the pin of an episode's later turns), and
+`FleetBackend` is the app's backend (`rlsched.serve.backend.Backend`). It reads no instance's state
+itself: whoever owns the fleet pushes the fleet as its core has it (`sync`: each live instance's
+handle, state and weight version, and the version the fleet was last reloaded to; a job's fleet core
+on every join, pull, departure and reload, `actors.endpoint_link`; standalone, `serve_fleet` once the
+instances have joined). It routes each request with `rlsched.policy.routing.route` (READY at an
+admissible version, the pin of an episode's later turns, then the fewest of its own requests), and
 reads the instance's `stream` (a Ray streaming generator) on the server's loop into the request's
-queue. A client that goes away cancels the request on its instance. `latest` is the newest weight
-version: the job's driver sets it as it publishes; standalone it is the newest any instance holds.
+queue. A client that goes away cancels the request on its instance; an instance whose stream dies
+takes nothing more until the owner says otherwise.
 
 `actors.endpoint_serve.serve_fleet` starts all of it for `rlsched serve` on the embedded cluster.
 """
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,7 +49,6 @@ from verifiers.protocol import UNIT_REWARDS, RewardRange
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 0.5
 SERVED_BY = 65536  # requests whose instance is remembered (an open episode's last turn is among them)
 
 
@@ -57,6 +58,9 @@ class _Stream:
     events: asyncio.Queue[Event]
     started: bool = False
     cancelled: bool = False
+
+
+Member = tuple[Any, str, int]  # a live instance as the fleet's owner has it: handle, state, version
 
 
 @dataclass
@@ -89,59 +93,39 @@ class RouteCounts:
 class FleetBackend:
     def __init__(
         self,
-        instances: Mapping[str, Any],
+        members: Mapping[str, Member],
         *,
         context_length: int,
         rows: int,
         max_staleness: int,
-        refresh_s: float = REFRESH_S,
+        latest: int,
     ) -> None:
-        self._instances = {name: _Instance(handle, rows) for name, handle in instances.items()}
+        self._rows = rows
+        self._instances: dict[str, _Instance] = {}
         self._context_length = context_length
         self.max_staleness = max_staleness
-        self.declared_latest = -1
+        self.latest = latest
         self.counts = RouteCounts()
         self._streams: dict[RequestId, _Stream] = {}
         self.served_by: OrderedDict[RequestId, str] = OrderedDict()  # the latest SERVED_BY requests
-        self._refresh_s = refresh_s
-        self._stop = threading.Event()
-        self.refresh()
-        self._poller = threading.Thread(target=self._poll, name="fleet-views", daemon=True)
-        self._poller.start()
+        self.sync(members, latest)
 
-    # -- the fleet's state ----------------------------------------------------------------------
-    def set_instances(self, instances: Mapping[str, Any]) -> None:
-        """The fleet's live instances now (a job's joiners and leavers); requests already running
-        on one that left finish or fail there."""
-        old = self._instances
-        rows = next(iter(old.values())).rows if old else 1
+    # -- the fleet's state, as its owner pushes it -------------------------------------------------
+    def sync(self, members: Mapping[str, Member], latest: int) -> None:
+        """The fleet now: each live instance's handle, state and version, and the version it was last
+        reloaded to (routing admits versions down to it minus max_staleness). An instance no longer
+        live takes nothing more; requests running there finish or fail there."""
         streaming = {s.instance for s in list(self._streams.values())}
-        kept = {n: m for n, m in old.items() if n in instances or n in streaming}
-        added = {n: _Instance(h, rows) for n, h in instances.items() if n not in old}
-        self._instances = kept | added  # one assignment: the loop's thread and the poller read it
-
-    def refresh(self) -> None:
-        """Read every instance's state and version (an instance that died reads as preempted)."""
-        members = list(self._instances.values())
-        refs = [m.handle.status.remote() for m in members]
-        for member, ref in zip(members, refs, strict=True):
-            try:
-                state, version, _ = ray.get(ref, timeout=30)
-            except (RayActorError, ray.exceptions.GetTimeoutError):
-                state, version = str(InstanceState.PREEMPTED), -1
-            member.state, member.version = state, version
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self._refresh_s):
-            try:
-                self.refresh()
-            except Exception:
-                log.exception("reading the fleet's state failed")
-
-    @property
-    def latest(self) -> int:
-        held = [m.version for m in self._instances.values() if m.state == str(InstanceState.READY)]
-        return max([self.declared_latest, *held])
+        fleet = {}
+        for name, (handle, state, version) in members.items():
+            member = self._instances.get(name) or _Instance(handle, self._rows)
+            member.handle, member.state, member.version = handle, state, version
+            fleet[name] = member
+        for name, member in self._instances.items():
+            if name not in fleet and name in streaming:
+                member.state = str(InstanceState.RELEASED)
+                fleet[name] = member
+        self._instances, self.latest = fleet, latest  # the loop's thread reads them: one assignment each
 
     def views(self) -> list[InstanceView]:
         return [
@@ -195,8 +179,7 @@ class FleetBackend:
             self._instances[stream.instance].handle.cancel.remote(request_id)
 
     def close(self) -> None:
-        self._stop.set()
-        self._poller.join(timeout=5)
+        return None
 
     # -- on the server's loop -------------------------------------------------------------------
     async def _pump(self, rid: RequestId, stream: _Stream, refs: Any) -> None:
@@ -212,6 +195,7 @@ class FleetBackend:
         except RayTaskError as err:
             stream.events.put_nowait(err.as_instanceof_cause())
         except RayActorError as err:
+            member.state = str(InstanceState.PREEMPTED)  # until the fleet's owner says otherwise
             stream.events.put_nowait(EngineStopped(f"instance {stream.instance} is gone: {err}"))
         finally:
             del self._streams[rid]
@@ -229,11 +213,12 @@ class Endpoint:
 
     def __init__(
         self,
-        instances: Mapping[str, Any],
+        members: Mapping[str, Member],
         checkpoint: str,
         cfg: EndpointConfig,
         *,
         max_staleness: int,
+        latest: int,
         template: str | None = None,
         chat_template: str | None = None,
         model_name: str | None = None,
@@ -242,10 +227,10 @@ class Endpoint:
         rewards: RewardRange = UNIT_REWARDS,
         reference_refusal: str | None = None,
     ) -> None:
-        first = next(iter(instances.values()))
+        first = next(iter(members.values()))[0]
         context_length, rows = ray.get(first.describe.remote())
         self.backend = FleetBackend(
-            instances, context_length=context_length, rows=rows, max_staleness=max_staleness
+            members, context_length=context_length, rows=rows, max_staleness=max_staleness, latest=latest
         )
         path = Path(checkpoint)
         tokenizer, prompts = load_prompting(path, template)
@@ -267,15 +252,9 @@ class Endpoint:
         served = self.running.served
         return self.running.host, self.running.port, served.model_name, self.backend.context_length
 
-    def set_latest(self, version: int) -> None:
-        """The newest version published (routing admits versions down to it minus max_staleness)."""
-        self.backend.declared_latest = version
-        self.backend.refresh()
-
-    def sync(self, instances: Mapping[str, Any], latest: int) -> None:
-        """The job's fleet after a reload: its live instances and the newest version."""
-        self.backend.set_instances(instances)
-        self.set_latest(latest)
+    def sync(self, members: Mapping[str, Member], latest: int) -> None:
+        """The fleet as its owner has it (`FleetBackend.sync`)."""
+        self.backend.sync(members, latest)
 
     def pins(self) -> dict[int, dict[str, int]]:
         """For each version that open episodes began on, how many of them each instance served:

@@ -6,7 +6,8 @@
   sends the verdicts back.
 - At each update, the episodes ended and rewarded since the last one join the batch (`take`).
 - A reload leaves in place the instances the endpoint's open episodes are pinned to (`held`,
-  `rlsched.policy.routing.hold_back`); once done, the endpoint learns the fleet and the version.
+  `rlsched.policy.routing.hold_back`). The endpoint learns the fleet as its core has it on every join,
+  pull, departure and reload (`push`): it reads no instance's state itself.
 - Checkpoints and recoveries tell its journal which episodes are committed and which come back.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -49,14 +51,15 @@ class EndpointLink:
         self._judging: dict[RequestId, str] = {}  # offered episodes the verifiers judge
         journal = str(out_dir / "episodes.sqlite") if out_dir is not None else None
         self.handle = EndpointActor.remote(  # type: ignore[attr-defined]
-            fleet.live_handles(), str(inspect_checkpoint(cfg.model.checkpoint).path),
-            cfg.rollout.endpoint, max_staleness=cfg.rollout.max_staleness, template=cfg.model.template,
+            self.members(), str(inspect_checkpoint(cfg.model.checkpoint).path), cfg.rollout.endpoint,
+            max_staleness=cfg.rollout.max_staleness, latest=fleet.reloaded_to, template=cfg.model.template,
             journal=journal, resume_after=resume_after, rewards=verifiers.rewards,
             reference_refusal=client_reference_refusal(verifiers.get()),
         )  # fmt: skip
         if resume_after is not None and journal is not None:
             back = len(ray.get(self.handle.episodes.remote()))
             log(f"endpoint: {back} episode(s) of the earlier run taken back from {journal}")
+        fleet.watchers.append(self.push)
         host, port, name, context = ray.get(self.handle.address.remote())
         log(
             f"endpoint: {name} at http://{host}:{port}/v1 over the rollout fleet (context {context} "
@@ -99,18 +102,28 @@ class EndpointLink:
                 self.log(f"episode {episode_id}: the verifier could not judge it ({outcome.detail})")
         return counts
 
-    def take(self, iteration: int) -> tuple[list[TrainItem], list[tuple[str, str]], dict[str, int]]:
+    def take(
+        self, iteration: int, oldest: int
+    ) -> tuple[list[TrainItem], list[tuple[str, str]], dict[str, int]]:
         """The episodes ready since the last iteration: their train items, each episode's id and how
-        it was consumed, and the counts of those taken, trained and left out."""
+        it was consumed, and the counts of those taken, trained and left out. One whose oldest turn
+        is older than `oldest` (the update's bound, the pipeline's) is dropped as a sample would be."""
         taken = ray.get(self.handle.take_ready.remote(iteration))
-        batch = episode_batch(taken, keep_mixed=self.cfg.rollout.endpoint.train_mixed)
+        stale = {e.id for e in taken if e.versions and min(e.versions) < oldest}
+        batch = episode_batch(
+            [e for e in taken if e.id not in stale], keep_mixed=self.cfg.rollout.endpoint.train_mixed
+        )
         trained = set(batch.episode_ids)
-        consumed = [(f"episode/{e.id}", "episode" if e.id in trained else "episode_left_out") for e in taken]
+        how = {e.id: "episode_stale" if e.id in stale else "episode_left_out" for e in taken} | dict.fromkeys(
+            trained, "episode"
+        )
+        consumed = [(f"episode/{e.id}", how[e.id]) for e in taken]
         counts = {
             "episodes": len(taken),
             "episodes_trained": len(batch.items),
             "episodes_mixed_dropped": len(batch.mixed),
             "episodes_not_stitched": len(batch.not_stitched),
+            "episodes_stale_dropped": len(stale),
         }
         return batch.items, consumed, counts
 
@@ -122,7 +135,21 @@ class EndpointLink:
 
     def reloaded(self, version: int) -> None:
         """The fleet holds `version`: the endpoint routes to its instances at it."""
-        ray.get(self.handle.sync.remote(self.fleet.live_handles(), version))
+        self.push()
+
+    def push(self) -> None:
+        """The fleet as its core has it, to the endpoint (on every join, pull, departure and reload:
+        the endpoint reads no instance's state itself)."""
+        ray.get(self.handle.sync.remote(self.members(), self.fleet.reloaded_to))
+
+    def members(self) -> dict[str, tuple[Any, str, int]]:
+        """Every instance of the fleet not released, with its state and version, as the core has it."""
+        live = self.fleet.snapshot()["instances"]
+        return {
+            n: (h, live[n]["state"], live[n]["version"])
+            for n, h in self.fleet.handles.items()
+            if self.fleet.core.live(n)
+        }
 
     def checkpointed(self, iteration: int) -> None:
         ray.get(self.handle.checkpointed.remote(iteration))

@@ -17,6 +17,7 @@ from actors.endpoint import EndpointActor
 from actors.rollout import RolloutInstance
 from rlsched.config import EndpointConfig
 from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
+from rlsched.policy.lifecycle import InstanceState
 from rlsched.rollout.instance import JoinReport
 from rlsched.serve.server import PREFIX_CACHE_TOKENS
 from rlsched.transfer.service import WeightService
@@ -40,6 +41,16 @@ class FleetServer:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+    def sync(self, latest: int) -> None:
+        """Tell the endpoint the fleet as it stands (after its instances took another version): this
+        fleet's owner reads each instance's state and version and pushes them with `latest`."""
+        rows = ray.get([h.status.remote() for h in self.instances.values()])
+        members = {
+            n: (h, state, version)
+            for (n, h), (state, version, _) in zip(self.instances.items(), rows, strict=True)
+        }
+        ray.get(self.endpoint.sync.remote(members, latest))
 
     def stop(self) -> None:
         ray.get(self.endpoint.stop.remote())
@@ -81,8 +92,10 @@ def serve_fleet(
         for k in range(instances)
     }
     reports: list[JoinReport] = ray.get([h.join.remote(service.address, 0) for h in handles.values()])
+    ready = str(InstanceState.READY)
+    members = {name: (h, ready, r.version) for (name, h), r in zip(handles.items(), reports, strict=True)}
     endpoint = EndpointActor.remote(  # type: ignore[attr-defined]
-        handles, str(checkpoint), cfg, max_staleness=max_staleness, template=template,
+        members, str(checkpoint), cfg, max_staleness=max_staleness, latest=0, template=template,
         chat_template=str(chat_template) if chat_template else None, model_name=model_name,
     )  # fmt: skip
     host, port, name, context_length = ray.get(endpoint.address.remote())

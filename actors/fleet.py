@@ -1,7 +1,6 @@
 """The rollout fleet on Ray: a driver of the fleet's state core (`rlsched.core.fleet`), which decides
 routing, joins, reloads, transient windows, reclaims with resume or restart, and exactly-once
-acceptance. This module only turns Ray completions into the core's events and its effects into Ray
-calls:
+acceptance. This module turns Ray completions into its events and its effects into Ray calls:
 
 - `StartInstance`, `StartPull` and `KillInstance` go to the instances' actors (`actors.instances`):
   a pull's report or failure becomes `PullDone`.
@@ -11,10 +10,11 @@ calls:
 - `ReadSaved` and `CutSaved` go to the durable store (`rlsched.store.resumes`): what a reclaimed
   instance saved, and what each requeued request continues from. An `Accepted` sample is stitched
   with its saved log-probabilities and handed to the controller.
-- `Joined`, `Left` and a resumed `Accepted` become spans (`rlsched.rollout.spans`), `Note` a log line.
+- `Joined`, `Left` and a resumed `Accepted` become spans (`rlsched.rollout.spans`), `Note` a log line;
+  a pull, a join, a departure or a reload tells the `watchers` (the endpoint's view of the fleet).
 
-With `record`, every event and the effects it returned are kept (`rlsched.core.trace`): replayed
-through the simulator (`rlsched.sim.replay`), they give the same decisions.
+With `record`, every event and its effects are kept (`rlsched.core.trace`): replayed through the
+simulator (`rlsched.sim.replay`), they give the same decisions.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from rlsched.store.resumes import Resumes
 
 
 class Fleet:
+    CHANGES = (fx.StartPull, fx.Joined, fx.Left, fx.KillInstance, fx.ReloadDone)  # what watchers hear of
+
     def __init__(
         self,
         cfg: JobConfig,
@@ -81,6 +83,9 @@ class Fleet:
         self._accepted: list[tuple[str, Sample]] = []
         self._reload_done = False
         self._routed: dict[tuple[str, int], tuple[float, int]] = {}  # (instance, route) -> its start, size
+        self.watchers: list[Callable[[], None]] = []  # told when who serves at which version changes
+        self._changed = False
+        self.reloaded_to = 0  # the version the last reload brought every instance to
 
     # -- feeding the core ----------------------------------------------------------------------------
 
@@ -98,8 +103,13 @@ class Fleet:
                 self.trace.add(event, effects)
             for effect in effects:
                 self._do(effect)
+        if self._changed and self.watchers:  # who serves, at which version: the endpoint's view
+            self._changed = False
+            for watcher in self.watchers:
+                watcher()
 
     def _do(self, e: fx.Effect) -> None:
+        self._changed = self._changed or isinstance(e, self.CHANGES)
         match e:
             case fx.Route():
                 self._route(e)
@@ -120,7 +130,7 @@ class Fleet:
             case fx.Left() if e.leave is Leave.PREEMPTED:
                 self.spans.append(preempt_span(e, self.clock(), self.core.iteration))
             case fx.ReloadDone():
-                self._reload_done = True
+                self._reload_done, self.reloaded_to = True, self.core.weights.latest or 0
             case fx.Note():
                 self.log(e.message)
 
@@ -169,10 +179,6 @@ class Fleet:
     def counts(self) -> fx.FleetCounts:
         return self.core.counts
 
-    @property
-    def generating(self) -> bool:
-        return self.core.generating
-
     def add(self, name: str, pg: Any = None) -> None:
         """A static instance, or one the cluster scheduler granted (in its placement group)."""
         if pg is not None:
@@ -211,10 +217,6 @@ class Fleet:
     def serving_versions(self) -> dict[str, int]:
         return self.core.serving_versions()
 
-    def live_handles(self) -> dict[str, Any]:
-        """Every instance not released, serving or on its way: what the endpoint routes over."""
-        return {name: h for name, h in self.handles.items() if self.core.live(name)}
-
     def stranded(self) -> bool:
         return self.core.stranded()
 
@@ -243,12 +245,10 @@ class Fleet:
     def on_ready(self, ref: Any) -> list[tuple[str, Sample]]:
         """A join finished, or a stream produced a sample, ended or failed; returns the accepted
         samples with the instance that made each."""
-        name = self.instances.pull_of(ref)
-        if name is not None:
+        if (name := self.instances.pull_of(ref)) is not None:
             self._on_pull(name, ref)
             return []
-        key = self.instances.stream_of(ref)
-        if key is None:
+        if (key := self.instances.stream_of(ref)) is None:
             return []
         try:
             self._sample = ray.get(next(ref))
@@ -305,15 +305,7 @@ class Fleet:
         blocking; joiners already pulling catch up on their own. `hold`: instances the endpoint's
         pinned episodes keep at their version while it is admissible (`ReloadAsked.hold`)."""
         self.reload_begin(hold)
-        while not self._reload_done:
-            self.tick()  # a transient window may end meanwhile
-            refs = list(self.instances.pulls.values())
-            if not refs:
-                raise RuntimeError("the reload waits for instances, yet none is pulling")  # a core bug
-            wait_s = min(0.5, self.next_event_in() or 0.5)
-            ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
-            for ref in ready:
-                self.on_ready(ref)
+        self._pulls_until(lambda: self._reload_done)
 
     def reload_begin(self, hold: Sequence[str] = ()) -> None:
         """`reload` without the wait: a pipelined job goes on generating; instances in the middle of a
@@ -327,16 +319,25 @@ class Fleet:
 
     def wait_serving(self, timeout_s: float = 300.0) -> None:
         """Block until at least one instance serves (at start-up)."""
-        give_up = time.monotonic() + timeout_s
-        while not self.core.serving():
-            refs = list(self.instances.pulls.values())
-            if not refs:  # every instance failed: say why (the usual cause is the same for all)
+        self._pulls_until(lambda: bool(self.core.serving()), timeout_s)
+
+    def _pulls_until(self, done: Callable[[], bool], timeout_s: float | None = None) -> None:
+        """Hand each weight pull that ends to the core until `done()`: a reload's (transient windows
+        ticked meanwhile), or the start-up's, which gives up after `timeout_s`."""
+        give_up = None if timeout_s is None else time.monotonic() + timeout_s
+        while not done():
+            if give_up is None:
+                self.tick()  # a transient window may end meanwhile
+            if not (refs := list(self.instances.pulls.values())):
+                if give_up is None:
+                    raise RuntimeError("the reload waits for instances, yet none is pulling")  # a core bug
                 raise UserError("no rollout instance could start. " + "; ".join(self.core.join_errors[:2]))
-            if time.monotonic() > give_up:
+            left = 0.5 if give_up is None else give_up - time.monotonic()
+            if left < 0:
                 raise UserError(
                     f"no rollout instance took the first version within {timeout_s:g} s; see the log"
                 )
-            ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, give_up - time.monotonic()))
+            ready, _ = ray.wait(refs, num_returns=1, timeout=min(left, self.next_event_in() or left))
             for ref in ready:
                 self.on_ready(ref)
 

@@ -493,11 +493,6 @@ class JobConfig(Section):
         )
         if problem is not None:
             raise ValueError(f"schedule.mode: {problem}")
-        if self.schedule.mode is PipelineMode.ASYNC and self.rollout.endpoint.enabled:
-            raise ValueError(
-                "schedule.mode async does not serve the OpenAI endpoint yet (its episodes stay pinned to a "
-                "version); run the endpoint with mode sync"
-            )
         return self
 
 

@@ -164,3 +164,42 @@ def replays_in_every_driver(cfg: Any, trace: Any) -> list[str]:
         core.start()  # its first word, as the recorded core had said it before recording began
         problems += [f"{name}: {line}" for line in compare(trace, replay(trace, core))]
     return problems + [f"copy: {line}" for line in compare(trace, replay(trace))]
+
+
+class JobEndpoint:
+    """A job's OpenAI endpoint, found where the job printed it, as a client uses it: `episode` asks for
+    one short turn of an episode, ends it and, given a reward, rewards it."""
+
+    def __init__(self, lines: list[str]) -> None:
+        from openai import OpenAI
+
+        (line,) = [x for x in lines if x.startswith("endpoint: ")]
+        self.base_url = line.split(" at ")[1].split()[0]
+        self.client = OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+        self.ask: dict[str, Any] = {
+            "model": self.client.models.list().data[0].id,
+            "messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": 4,
+            "temperature": 1.0,
+        }
+
+    def episode(self, episode_id: str, group_id: str, reward: float | None = None) -> None:
+        import httpx
+
+        self.client.chat.completions.create(
+            **self.ask, extra_body={"episode_id": episode_id, "group_id": group_id}
+        )
+        assert httpx.post(f"{self.base_url}/episodes/{episode_id}/end", timeout=30).is_success
+        if reward is not None:
+            self.reward(episode_id, reward)
+
+    def reward(self, episode_id: str, reward: float) -> None:
+        import httpx
+
+        url = f"{self.base_url}/episodes/{episode_id}/reward"
+        assert httpx.post(url, json={"reward": reward}, timeout=30).is_success
+
+    def get(self, episode_id: str) -> Any:
+        import httpx
+
+        return httpx.get(f"{self.base_url}/episodes/{episode_id}", timeout=30).json()

@@ -297,7 +297,7 @@ class IterationRun:
         items, extra = batch.items, dict(batch.extra)
         self.consumed[e.iteration] = [(r, "used" if r in batch.used else "left_out") for r in ids]
         if c.endpoint is not None:  # the endpoint's episodes rewarded since the last update
-            more, consumed, counts = c.endpoint.take(e.iteration)
+            more, consumed, counts = c.endpoint.take(e.iteration, e.oldest)  # the samples' bound
             items = [*items, *more]
             self.consumed[e.iteration] += consumed
             extra["endpoint"] = counts | judged

@@ -55,12 +55,7 @@ def preflight(cfg: JobConfig, out_dir: Path, address: str | None = None) -> str 
 
 
 def check_agent(cfg: JobConfig, tokenizer: Tokenizer) -> None:
-    """What a multi-turn job (`agent.tools`) cannot be combined with on Ray, said before it starts."""
-    if cfg.rollout.endpoint.enabled:
-        raise UserError(
-            "a job with agent.tools runs its own episodes; the OpenAI endpoint's agents are another job "
-            "(set rollout.endpoint.enabled false, or drop agent.tools)"
-        )
+    """A multi-turn job's (`agent.tools`) template and tools, checked before it starts."""
     spec = ag.spec_of(cfg, SamplingParams())  # its tools' template and programs read now: said here
     if spec.chat_template is not None:
         tokenizer.hf.chat_template = spec.chat_template

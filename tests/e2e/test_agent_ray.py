@@ -23,7 +23,6 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -81,19 +80,6 @@ def job_file(tmp_path: Path, model: Path, sleep_s: float = 1.5) -> Path:
     path = tmp_path / "agent_job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def run_small(tmp_path: Path, cfg: dict[str, Any], timeout_s: float = 600) -> Path:
-    """`rlsched run` of `cfg` (a `job_file`'s, changed) without the trace record, as a user runs it;
-    its run directory, once it has exited 0."""
-    out = tmp_path / "run"
-    cfg["run"]["record_iterations"] = False
-    job = tmp_path / "small_agent_job.yaml"
-    job.write_text(yaml.safe_dump(cfg))
-    command = [sys.executable, "-m", "rlsched.cli", "run", str(job), "--out", str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
 
 
 def episodes_under_way(journal: Path) -> int:
@@ -174,35 +160,3 @@ def test_a_killed_instance_s_episodes_resume_elsewhere_without_running_a_tool_tw
     trace = load_trace(out / "iteration_trace.pkl")
     assert replays_in_every_driver(load_config(job), trace) == []
     print(f"multi-turn iteration trace: {len(trace.steps)} events, equal in the sim's, --local's and a copy")
-
-
-def test_async_episodes_that_span_a_version_bump_count_from_their_oldest_turn(
-    calc_model: Path, tmp_path: Path
-) -> None:
-    """`schedule.mode: async` with multi-turn episodes (k = 1, versions swapped in flight): the second
-    wave's episodes start at v0 while the first's are judged and trained on, and v1 arrives while they
-    wait for their calculator (5 s a call), so their answers are sampled at v1. Such an episode counts
-    from its oldest turn, as a single-turn sample from its oldest token: step 2 trains it at staleness 1,
-    inside the bound, and the record says so."""
-    cfg = yaml.safe_load(job_file(tmp_path, calc_model, sleep_s=5.0).read_text())
-    cfg["schedule"] = {"mode": "async"}
-    cfg["grpo"] |= {"steps": 2, "prompts_per_step": 2, "group_size": 2}
-    # one instance, a wave a route (4 rows, refilled once all 4 are free): wave 2 starts as wave 1 ends
-    cfg["rollout"] = {
-        "instances": 1, "request_batch": 4, "max_staleness": 1, "inflight_update": "swap",
-    }  # fmt: skip
-    out = run_small(tmp_path, cfg)
-
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [1, 2]
-    assert all(r["samples"] == 4 for r in rows)  # every episode of each wave, none dropped
-    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
-    episodes = {
-        e["name"]: e["args"] for e in events if e.get("cat") == "generate" and "versions" in e.get("args", {})
-    }
-    spanning = [args for args in episodes.values() if args["versions"] == [0, 1]]
-    assert spanning, {name: args["versions"] for name, args in episodes.items()}
-    assert all(args["iteration"] == 2 for args in spanning)  # wave 2's
-    assert rows[1]["extra"]["staleness"].get("1", 0) >= len(spanning)  # trained from their oldest turn
-    staleness = rows[1]["extra"]["staleness"]
-    print(f"{len(spanning)} of wave 2's episodes span v0 and v1; step 2's staleness: {staleness}")

@@ -25,7 +25,7 @@ from rlsched.config import EndpointConfig
 from rlsched.model.checkpoint import load_checkpoint, to_bf16_bytes
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.rl.episodes import episode_batch
-from tests.helpers import ONE_OF_EACH, wait_for
+from tests.helpers import ONE_OF_EACH, JobEndpoint, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
@@ -138,7 +138,7 @@ def test_an_update_mid_episode_does_not_mix_versions(
     (keep,) = held
     moving = [h for n, h in fleet.instances.items() if n not in held]
     assert [r.version for r in ray.get([h.join.remote(fleet.service.address, 1) for h in moving])] == [1]
-    ray.get(fleet.endpoint.set_latest.remote(1))
+    fleet.sync(1)
 
     history = [*HELLO, {"role": "assistant", "content": first.choices[0].message.content or ""}]
     second = turn(client, "pinned", [*history, {"role": "user", "content": "More."}])
@@ -153,7 +153,7 @@ def test_an_update_mid_episode_does_not_mix_versions(
 
     publish(fleet, checkpoint, 2)
     assert [r.version for r in ray.get([h.join.remote(fleet.service.address, 2) for h in moving])] == [2]
-    ray.get(fleet.endpoint.set_latest.remote(2))  # version 0 is now two behind: not admissible
+    fleet.sync(2)  # version 0 is now two behind: not admissible
     history = [*history, {"role": "user", "content": "More."}]
     history.append({"role": "assistant", "content": second.choices[0].message.content or ""})
     turn(client, "pinned", [*history, {"role": "user", "content": "Again."}])
@@ -212,7 +212,7 @@ def test_a_job_serves_its_fleet_pins_episodes_and_trains_on_them(ray_session: No
         record = controller.run_iteration(1)
         assert record.extra["endpoint"] == {
             "episodes": 3, "episodes_trained": 3, "episodes_mixed_dropped": 0, "episodes_not_stitched": 0,
-            "episodes_judged": 1, "episodes_unjudged": 0,
+            "episodes_stale_dropped": 0, "episodes_judged": 1, "episodes_unjudged": 0,
         }  # fmt: skip
         assert record.used == 4 * cfg.grpo.group_size + 3, lines
         assert any("stays at v0 for the endpoint's episodes" in x for x in lines), lines
@@ -226,6 +226,39 @@ def test_a_job_serves_its_fleet_pins_episodes_and_trains_on_them(ray_session: No
         job.chat.completions.create(**{**keep_open, "messages": [*history, {"role": "user", "content": "?"}]})
         opened = httpx.get(f"{base_url}/episodes/open", timeout=30).json()
         assert opened["versions"][0] == 0 and opened["versions"][-1] == 2 and opened["mixed"] is True
+    finally:
+        controller.shutdown()
+
+
+def test_an_async_job_trains_its_endpoints_episodes_within_the_pipelines_bound(ray_session: None) -> None:
+    """`schedule.mode: async` (k = 1) with `rollout.endpoint.enabled`: the endpoint serves while the
+    pipeline generates ahead. A group the client rewarded before step 1 joins step 1's batch. An episode
+    sampled at v0 and rewarded only once the job has trained two steps is dropped as stale by the
+    pipeline's bound (its oldest turn, v0, is past it), exactly as a sample of v0 would be, and counted."""
+    from actors.controller import JobController
+    from rlsched.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            "schedule.mode=async", "rollout.max_staleness=1", "grpo.prompts_per_step=4", "task.eval_size=64",
+            "eval.curve_size=32", "rollout.endpoint.enabled=true", "rollout.endpoint.port=0", *ONE_OF_EACH,
+        ],
+    )  # fmt: skip
+    lines: list[str] = []
+    controller = JobController(cfg, log=lines.append)
+    try:
+        job = JobEndpoint(lines)
+        for episode, group, reward in (("g-0", "g", 1.0), ("g-1", "g", 0.0), ("late", "l", None)):
+            job.episode(episode, group, reward)
+        first = controller.run_iteration(1).extra["endpoint"]
+        assert (first["episodes"], first["episodes_trained"], first["episodes_stale_dropped"]) == (2, 2, 0)
+        controller.run_iteration(2)
+        assert job.get("late")["versions"] == [0]
+        job.reward("late", 1.0)
+        counts = [controller.run_iteration(step).extra["endpoint"] for step in (3, 4)]
+        assert sum(c["episodes_stale_dropped"] for c in counts) == 1, counts
+        assert sum(c["episodes_trained"] for c in counts) == 0
     finally:
         controller.shutdown()
 

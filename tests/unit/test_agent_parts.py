@@ -74,7 +74,6 @@ def test_the_ray_runtime_refuses_what_a_multi_turn_job_cannot_run_with_the_fix(t
     from rlsched.job.preflight import preflight
 
     cases = [
-        ({"rollout": {"endpoint": {"enabled": True}}}, "set rollout.endpoint.enabled false"),
         ({}, "needs a chat template that describes the tools"),  # the toy base's template has none
         ({"agent": {"tools": [CALC], "chat_template": "nope.jinja"}}, "nope.jinja does not exist"),
     ]

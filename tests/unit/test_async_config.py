@@ -24,10 +24,6 @@ ASYNC = ("--set", "schedule.mode=async", "--set", "rollout.max_staleness=1")
             ["schedule.mode=async", "rollout.max_staleness=1", "schedule.buffer_groups=8"],
             r"schedule.buffer_groups 8 is smaller than one batch \(32 groups\).*at least 32",
         ),
-        (
-            ["schedule.mode=async", "rollout.max_staleness=1", "rollout.endpoint.enabled=true"],
-            "does not serve the OpenAI endpoint yet",
-        ),
     ],
 )
 def test_a_pipeline_that_cannot_run_is_refused(settings: list[str], message: str) -> None:
@@ -35,15 +31,22 @@ def test_a_pipeline_that_cannot_run_is_refused(settings: list[str], message: str
         load_config(QUICKSTART, settings)
 
 
-def test_async_with_local_exits_2_with_the_fix() -> None:
+@pytest.mark.parametrize(
+    ("settings", "fix"),
+    [
+        (ASYNC, "drop --local, or set schedule.mode sync"),
+        (("--set", "rollout.endpoint.enabled=true"), "or set rollout.endpoint.enabled false"),
+    ],
+)
+def test_what_local_cannot_run_exits_2_with_the_fix(settings: tuple[str, ...], fix: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "rlsched.cli", "run", str(QUICKSTART), "--local", *ASYNC],
+        [sys.executable, "-m", "rlsched.cli", "run", str(QUICKSTART), "--local", *settings],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
     )
-    assert proc.returncode == 2 and "drop --local, or set schedule.mode sync" in proc.stderr
+    assert proc.returncode == 2 and fix in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
