@@ -1,7 +1,7 @@
 """Every combination of a job's modes runs on Ray (issue 43's matrix): {sync, async k=1} x {single-turn,
 multi-turn} x {OpenAI endpoint off, on} x {torch, vLLM}. The vLLM cells are marked `vllm`, so they run in
-`make test-vllm` (in `.venv-vllm`), the torch ones in `make test`; the vLLM cell sync, single-turn,
-endpoint on is `tests/vllm/test_job_vllm.py`'s job, which runs it with a scaled and preempted instance.
+`make test-vllm` (in `.venv-vllm`), the torch ones in `make test`. Six cells are another test's job
+already (`ELSEWHERE` names it); this module runs the other ten.
 
 Each cell is a job on the shared Ray session (`tests/ray/conftest.py`), one process of each kind:
 single-turn cells run 2 iterations of the shipped base (4 problems x 8 samples), multi-turn cells one
@@ -29,6 +29,15 @@ from tests.helpers import ONE_OF_EACH, JobEndpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
+# the cells another test runs already, each a job of its own (CI pays for each job once)
+ELSEWHERE = {
+    ("torch", "sync", "single", False): "tests/ray/test_job.py (every dispatch policy and refill)",
+    ("torch", "sync", "single", True): "tests/ray/test_endpoint_fleet.py (pinned episodes)",
+    ("torch", "async", "single", False): "tests/e2e/test_async_ray.py",
+    ("torch", "async", "single", True): "tests/ray/test_endpoint_fleet.py (the bound)",
+    ("torch", "sync", "multi", False): "tests/e2e/test_agent_ray.py (an instance killed under its episodes)",
+    ("vllm", "sync", "single", True): "tests/vllm/test_job_vllm.py (an instance scaled and preempted)",
+}  # fmt: skip
 CELLS = [
     pytest.param(
         engine, mode, turns, endpoint, id=f"{engine}-{mode}-{turns}-endpoint_{'on' if endpoint else 'off'}",
@@ -38,7 +47,7 @@ CELLS = [
     for mode in ("sync", "async")
     for turns in ("single", "multi")
     for endpoint in (False, True)
-    if (engine, mode, turns, endpoint) != ("vllm", "sync", "single", True)  # tests/vllm/test_job_vllm.py
+    if (engine, mode, turns, endpoint) not in ELSEWHERE
 ]  # fmt: skip
 
 
