@@ -63,7 +63,6 @@ class FleetEpisodes:
         self._shares: list[_Share] = []
         self._prefix, self._group_size = "", 1
         self._params: SamplingParams | None = None
-        self.handed_again = 0  # groups whose instance died under them, since the job started
 
     def begin(
         self, prefix: str, problems: list[TaskProblem], group_size: int, params: SamplingParams | None = None
@@ -113,7 +112,6 @@ class FleetEpisodes:
             )
             self.fleet.died(share.name)
             self._queue.extend(share.places)
-            self.handed_again += len(share.places)
             runs = []
         self.pump()
         return runs

@@ -50,11 +50,6 @@ class EpisodeServer:
             self._intake.append(_Route(tasks, deliver))
             self._wake.notify()
 
-    @property
-    def live(self) -> int:
-        """Episodes under way here (the current round's)."""
-        return len(self._live)
-
     def stop(self) -> None:
         with self._wake:
             self._stopped = True

@@ -50,10 +50,9 @@ from rlsched.engine.protocol import (
     RolloutEngine,
     Sample,
     SamplingParams,
-    WeightStage,
     WeightVersion,
 )
-from rlsched.engine.staging import StagingError, stream_into
+from rlsched.engine.staging import StagingError
 from rlsched.engine.stream_server import Event, StreamServer, Withdrawn
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import BASE_CHECKPOINT, load_checkpoint, published_nbytes
@@ -65,9 +64,10 @@ from rlsched.rl.agent import AgentRollout, AgentSpec
 from rlsched.rl.episode_runs import EpisodeRun, EpisodeTask
 from rlsched.rl.episode_server import EpisodeServer
 from rlsched.rl.task import TaskProblem
+from rlsched.rollout.pull_buffers import Spare, StagedLoad
 from rlsched.store.partial import Chunk, PartialStore, StoreError
 from rlsched.transfer.client import PullStats, TransferFailed, VersionNotFound, WeightClient
-from rlsched.transfer.manifest import LATEST, Assembly, Buffer, blank, prefaulted
+from rlsched.transfer.manifest import LATEST, Assembly, Buffer, blank
 from rlsched.transfer.plane import Plane
 from rlsched.transfer.service import WeightService
 
@@ -206,7 +206,7 @@ class Instance:
         self.flush_s = flush_s
         self._buffer: Buffer | None = None  # reused from one version to the next
         self.relay: WeightService | None = None  # serves what it pulls to peers (`start_relay`)
-        self._spare: _Spare | None = None  # the next pull's buffer, where each version needs its own
+        self._spare: Spare | None = None  # the next pull's buffer, where each version needs its own
         self._attempts: dict[str, int] = {}  # a job's request running here -> its route's attempt
         self.store_failures = 0
         self._streams: StreamServer | VllmStreams | None = None  # the endpoint's requests, made on the first
@@ -240,7 +240,7 @@ class Instance:
         if nbytes is None and isinstance(self.engine, TorchRolloutEngine):
             nbytes = published_nbytes(self.engine.model)
         if nbytes:
-            self._spare = _Spare(nbytes, self._allocate, background)
+            self._spare = Spare(nbytes, self._allocate, background)
 
     def join(
         self,
@@ -263,7 +263,7 @@ class Instance:
         while True:
             self._to(InstanceState.TRANSFERRING)
             t0 = time.monotonic()
-            staged = _StagedLoad(self.engine if self.stage else None)
+            staged = StagedLoad(self.engine if self.stage else None)
             try:
                 stats, buffer, published, version = self._pull(
                     address, version, ingress_bps, Plane(plane), relays, staged.begin
@@ -297,7 +297,7 @@ class Instance:
             f"{self.instance_id}: gave up on version {version} after {failures} pulls: {problem}"
         )
 
-    def _load(self, staged: _StagedLoad, buffer: Buffer, version: int, confirmed: bool) -> str | StagingError:
+    def _load(self, staged: StagedLoad, buffer: Buffer, version: int, confirmed: bool) -> str | StagingError:
         """The checksum of what the engine now holds: the staged copy swapped in (only if the pull
         confirmed the whole version), or the whole buffer loaded at once; why a staged version
         could not be swapped in, as a value."""
@@ -596,82 +596,3 @@ class _RowsEngine:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Sample]:
         return self.rows(requests)
-
-
-class _Spare:
-    """A buffer for the next pull, its pages mapped on a thread of its own ahead of the pull. A fresh
-    269 MB buffer costs 0.2 CPU-s of page faults here; eight instances told of a version at once on
-    two cores, paying it as the bytes arrived, fell behind the link (`scripts/bench_fanout.py`)."""
-
-    def __init__(self, nbytes: int, allocate: Callable[[int], Buffer], background: bool = True) -> None:
-        self._buffer: Buffer | None = None
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(
-                target=self._fill, args=(nbytes, allocate), name="spare", daemon=True
-            )
-            self._thread.start()
-        else:
-            self._fill(nbytes, allocate)
-
-    def _fill(self, nbytes: int, allocate: Callable[[int], Buffer]) -> None:
-        self._buffer = prefaulted(nbytes, allocate)
-
-    def take(self) -> Buffer | None:
-        """The buffer (waiting for it if it is not yet made); the pull allocates its own if the
-        version's size differs."""
-        if self._thread is not None:
-            self._thread.join()
-        return self._buffer
-
-
-class _StagedLoad:
-    """The loader beside a pull: a thread that stages each tensor as the pull verifies its bytes
-    (`rlsched.engine.staging`); nothing where the engine takes versions only whole."""
-
-    def __init__(self, engine: RolloutEngine | None) -> None:
-        self._engine = engine
-        self._stage: WeightStage | None = None
-        self._thread: threading.Thread | None = None
-        self._assembly: Assembly | None = None
-        self._sha: str | None = None
-        self._error: BaseException | None = None
-
-    @property
-    def staged(self) -> bool:
-        return self._stage is not None
-
-    def begin(self, assembly: Assembly) -> None:
-        """The pull's copy exists: stage it as it fills (a retried pull's earlier copy is dropped)."""
-        self.cancel()
-        if self._engine is None:
-            return
-        self._stage = self._engine.stage(WeightVersion(assembly.manifest.version))
-        if self._stage is None:
-            return
-        self._assembly, self._sha, self._error = assembly, None, None
-        self._thread = threading.Thread(target=self._run, args=(self._stage, assembly), daemon=True)
-        self._thread.start()
-
-    def _run(self, stage: WeightStage, assembly: Assembly) -> None:
-        try:
-            self._sha = stream_into(stage, assembly)
-        except BaseException as err:  # noqa: BLE001 - handed to commit(), which reports it
-            self._error = err
-
-    def commit(self) -> str:
-        """Wait for the last tensor, swap the version in; the SHA-256 of what was staged."""
-        assert self._thread is not None and self._stage is not None
-        self._thread.join()
-        if self._error is not None:
-            raise StagingError(str(self._error))
-        assert self._sha is not None
-        self._stage.commit()
-        return self._sha
-
-    def cancel(self) -> None:
-        if self._assembly is not None and not self._assembly.complete:
-            self._assembly.abandon()
-        if self._thread is not None:
-            self._thread.join()
-        self._stage = self._thread = self._assembly = None
