@@ -15,9 +15,11 @@ handle, state and weight version, and the version the fleet was last reloaded to
 on every join, pull, departure and reload, `actors.endpoint_link`; standalone, `serve_fleet` once the
 instances have joined). It routes each request with `rlsched.policy.routing.route` (READY at an
 admissible version, the pin of an episode's later turns, then the fewest of its own requests), and
-reads the instance's `stream` (a Ray streaming generator) on the server's loop into the request's
-queue. A client that goes away cancels the request on its instance; an instance whose stream dies
-takes nothing more until the owner says otherwise.
+sends it there (`submit_stream`). Each instance streams all of this backend's requests on one Ray
+streaming generator (`mux`: one message a decoding step for the whole batch, not one per request and
+token), read on the server's loop, each event into its request's queue. A client that goes away
+cancels the request on its instance; an instance whose stream dies takes nothing more until the owner
+says otherwise, and its requests fail with the reason.
 
 `actors.endpoint_serve.serve_fleet` starts all of it for `rlsched serve` on the embedded cluster.
 """
@@ -26,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,16 +39,11 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from rlsched.config import EndpointConfig
-from rlsched.engine.protocol import GenerationRequest, RequestId, check_fits
-from rlsched.engine.stream_server import EngineStopped, Event
-from rlsched.model.checkpoint import load_prompting
+from rlsched.engine.protocol import GenerationRequest, RequestId, Sample, check_fits
+from rlsched.engine.stream_server import EngineStopped, Event, Withdrawn
 from rlsched.policy.lifecycle import InstanceState
 from rlsched.policy.routing import InstanceView, NoInstance, route
-from rlsched.serve.episodes import Episode, EpisodeStore
-from rlsched.serve.run import Served
-from rlsched.serve.server import Running, start, with_chat_template
-from rlsched.store.episode_journal import EpisodeJournal
-from verifiers.protocol import UNIT_REWARDS, RewardRange
+from rlsched.serve.hosted import HostedEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +69,8 @@ class _Instance:
     version: int = -1
     running: int = 0  # this backend's requests there that have a token
     waiting: int = 0  # and those that have none yet
-
-
-@dataclass(frozen=True)
-class Judgeable:
-    """An episode's final answer for the job's verifier."""
-
-    episode_id: str
-    text: str
-    version: int
-    reference: str
-    token_ids: tuple[int, ...]
+    mux: asyncio.Task[None] | None = None  # reading its stream of this backend's requests (`mux`)
+    mux_of: Any = None  # the handle that stream comes from (a rejoined instance has another)
 
 
 @dataclass
@@ -108,6 +97,8 @@ class FleetBackend:
         self.counts = RouteCounts()
         self._streams: dict[RequestId, _Stream] = {}
         self.served_by: OrderedDict[RequestId, str] = OrderedDict()  # the latest SERVED_BY requests
+        self.reader = uuid.uuid4().hex  # this backend's name on the instances' streams
+        self._tasks: set[asyncio.Task[None]] = set()
         self.sync(members, latest)
 
     # -- the fleet's state, as its owner pushes it -------------------------------------------------
@@ -169,8 +160,17 @@ class FleetBackend:
             self.served_by.popitem(last=False)
         stream = _Stream(routed.name, events)
         self._streams[req.request_id] = stream
-        refs = member.handle.stream.remote(req, priority)
-        asyncio.get_running_loop().create_task(self._pump(req.request_id, stream, refs))
+        if member.mux is None or member.mux_of is not member.handle:  # one stream for all requests
+            member.mux_of = member.handle
+            member.mux = self._task(self._read(routed.name, member, member.handle.mux.remote(self.reader)))
+        sent = member.handle.submit_stream.remote(req, priority, self.reader)
+        self._task(self._sent(req.request_id, sent))
+
+    def _task(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def cancel(self, request_id: RequestId) -> None:
         stream = self._streams.get(request_id)
@@ -182,22 +182,45 @@ class FleetBackend:
         return None
 
     # -- on the server's loop -------------------------------------------------------------------
-    async def _pump(self, rid: RequestId, stream: _Stream, refs: Any) -> None:
-        member = self._instances[stream.instance]
+    async def _read(self, name: str, member: _Instance, refs: Any) -> None:
+        """An instance's stream of this backend's requests: each event to its request's queue."""
+        why = "was released"
         try:
             async for ref in refs:
-                event: Event = await ref
-                if not stream.started:
-                    stream.started = True
-                    member.waiting, member.running = member.waiting - 1, member.running + 1
-                if not stream.cancelled:
-                    stream.events.put_nowait(event)
-        except RayTaskError as err:
-            stream.events.put_nowait(err.as_instanceof_cause())
-        except RayActorError as err:
+                for rid, event in await ref:
+                    self._deliver(RequestId(rid), event)
+        except (RayTaskError, RayActorError) as err:
             member.state = str(InstanceState.PREEMPTED)  # until the fleet's owner says otherwise
-            stream.events.put_nowait(EngineStopped(f"instance {stream.instance} is gone: {err}"))
+            why = f"is gone: {err}"
         finally:
+            if member.mux is asyncio.current_task():  # not a stream a rejoined instance replaced
+                member.mux = None
+                for rid in [r for r, s in self._streams.items() if s.instance == name]:
+                    self._deliver(rid, EngineStopped(f"instance {name} {why}"))
+
+    async def _sent(self, rid: RequestId, ref: Any) -> None:
+        """A request the instance refused (not ready, or one it cannot run) fails with the reason."""
+        try:
+            await ref
+        except RayTaskError as err:
+            self._deliver(rid, err.as_instanceof_cause())
+        except RayActorError as err:
+            self._deliver(rid, EngineStopped(f"its instance is gone: {err}"))
+
+    def _deliver(self, rid: RequestId, event: Event | BaseException) -> None:
+        """One event of a request: its tokens (none to a request its client left), its sample, or the
+        exception it failed with; the last two end it (a `Withdrawn` one ends it unseen)."""
+        stream = self._streams.get(rid)
+        if stream is None:  # it ended already (a failure told twice)
+            return
+        member = self._instances[stream.instance]
+        failed = isinstance(event, BaseException)
+        if not stream.started and not failed:
+            stream.started = True
+            member.waiting, member.running = member.waiting - 1, member.running + 1
+        if (failed and not isinstance(event, Withdrawn)) or not (failed or stream.cancelled):
+            stream.events.put_nowait(event)
+        if failed or isinstance(event, Sample):
             del self._streams[rid]
             if stream.started:
                 member.running -= 1
@@ -208,8 +231,9 @@ class FleetBackend:
 # -- the actor --------------------------------------------------------------------------------------
 
 
-class Endpoint:
-    """The HTTP server over the fleet, in an actor of its own (see the module's docstring)."""
+class Endpoint(HostedEndpoint):
+    """The HTTP server over the fleet, in an actor of its own (see the module's docstring): the job's
+    side (`rlsched.serve.hosted`) over a `FleetBackend`, which whoever owns the fleet keeps told."""
 
     def __init__(
         self,
@@ -219,38 +243,15 @@ class Endpoint:
         *,
         max_staleness: int,
         latest: int,
-        template: str | None = None,
-        chat_template: str | None = None,
-        model_name: str | None = None,
-        journal: str | None = None,
-        resume_after: int | None = None,
-        rewards: RewardRange = UNIT_REWARDS,
-        reference_refusal: str | None = None,
+        **hosted: Any,
     ) -> None:
+        """`hosted`: `HostedEndpoint`'s keywords (template, journal, rewards and the rest)."""
         first = next(iter(members.values()))[0]
         context_length, rows = ray.get(first.describe.remote())
         self.backend = FleetBackend(
             members, context_length=context_length, rows=rows, max_staleness=max_staleness, latest=latest
         )
-        path = Path(checkpoint)
-        tokenizer, prompts = load_prompting(path, template)
-        prompts = with_chat_template(tokenizer, prompts, Path(chat_template) if chat_template else None)
-        served = Served(self.backend, tokenizer, prompts, model_name or cfg.model_name or path.name)
-        served.reference_refusal = reference_refusal
-        served.episodes = EpisodeStore(cfg.reward_timeout_s, rewards=rewards)
-        if journal is not None:  # a job's endpoint: its episodes survive a crash of the job
-            kept = EpisodeJournal(Path(journal))
-            if resume_after is None:
-                kept.reset()  # a new run
-            served.episodes = EpisodeStore(cfg.reward_timeout_s, journal=kept, rewards=rewards)
-            if resume_after is not None:
-                served.episodes.restore(resume_after)
-        self.running: Running = start(served, cfg)
-
-    def address(self) -> tuple[str, int, str, int]:
-        """Where it listens, the model's name and its context length."""
-        served = self.running.served
-        return self.running.host, self.running.port, served.model_name, self.backend.context_length
+        super().__init__(self.backend, Path(checkpoint), cfg, **hosted)
 
     def sync(self, members: Mapping[str, Member], latest: int) -> None:
         """The fleet as its owner has it (`FleetBackend.sync`)."""
@@ -260,7 +261,7 @@ class Endpoint:
         """For each version that open episodes began on, how many of them each instance served:
         what a reload must leave in place (`rlsched.policy.routing.hold_back`)."""
         pins: dict[int, dict[str, int]] = {}
-        for episode in self.running.served.episodes.all():
+        for episode in self.store.all():
             if episode.ended is None and episode.turns:
                 by = pins.setdefault(episode.turns[0].weight_version, {})
                 name = self.backend.served_by.get(RequestId(episode.turns[-1].request_id))
@@ -275,41 +276,6 @@ class Endpoint:
     def routed(self) -> tuple[dict[str, int], int]:
         """Requests sent to each instance, and pinned turns that ran at another version."""
         return dict(self.backend.counts.routed), self.backend.counts.mixed
-
-    def episodes(self) -> list[Episode]:
-        """Every captured episode, as it stands (ready or not)."""
-        return self.running.served.episodes.all()
-
-    def to_judge(self) -> list[Judgeable]:
-        """Ended episodes that carry a reference and await their reward, each handed out once: the
-        job's verifier judges their final answer (the last turn's text)."""
-        tokenizer = self.running.served.tokenizer
-        return [
-            Judgeable(e.id, tokenizer.decode(list(e.turns[-1].token_ids)), e.turns[-1].weight_version,
-                      e.reference or "", e.turns[-1].token_ids)
-            for e in self.running.served.episodes.to_judge()
-        ]  # fmt: skip
-
-    def judged(self, episode_id: str, reward: float) -> None:
-        """The verifier's reward for an episode handed out by `to_judge`."""
-        self.running.served.episodes.reward(episode_id, reward, judged=True)
-
-    def take_ready(self, iteration: int = 0) -> list[Episode]:
-        """The episodes ended and rewarded, each handed out once: iteration `iteration`'s batch."""
-        store = self.running.served.episodes
-        return store.take([e.id for e in store.ready()], iteration)
-
-    def checkpointed(self, iteration: int) -> None:
-        """A checkpoint holds the iterations up to `iteration`: the journal lets their episodes go."""
-        self.running.served.episodes.checkpointed(iteration)
-
-    def restore(self, after: int) -> int:
-        """The training group was rebuilt from the checkpoint of `after`: the episodes later iterations
-        took are back, to be taken again. How many."""
-        return self.running.served.episodes.restore(after)
-
-    def stop(self) -> None:
-        self.running.stop()
 
 
 EndpointActor = ray.remote(num_cpus=0, max_concurrency=4)(Endpoint)

@@ -21,16 +21,16 @@ import ray
 
 from actors.fleet import Fleet
 from rlsched.config import JobConfig
-from rlsched.engine.protocol import FinishReason, RequestId, Sample, WeightVersion
+from rlsched.engine.protocol import RequestId, Sample
 from rlsched.job.ports import VerificationPort
 from rlsched.model.checkpoint import inspect_checkpoint
 from rlsched.policy.routing import InstanceView, hold_back
 from rlsched.policy.verify import BatchId
-from rlsched.rl.episodes import episode_batch
+from rlsched.rl.episodes import endpoint_items, judgeable_sample, send_rewards
 from rlsched.rl.task import JsonlProblem
 from rlsched.rl.update import TrainItem
 from verifiers.loading import VerifierSet
-from verifiers.protocol import Outcome, Verdict, client_reference_refusal
+from verifiers.protocol import Outcome, client_reference_refusal
 
 
 class EndpointLink:
@@ -70,13 +70,9 @@ class EndpointLink:
         """Episodes ended with a reference and no reward, as samples for the verifiers to judge."""
         out = []
         for j in ray.get(self.handle.to_judge.remote()):
-            rid = RequestId(f"episode/{j.episode_id}")
-            self._judging[rid] = j.episode_id
-            sample = Sample(
-                rid, (), j.token_ids, (0.0,) * len(j.token_ids), j.text, FinishReason.STOP,
-                WeightVersion(j.version),
-            )  # fmt: skip
-            out.append((sample, JsonlProblem(j.episode_id, (), j.reference)))
+            sample, problem = judgeable_sample(j)
+            self._judging[sample.request_id] = j.episode_id
+            out.append((sample, problem))
         return out
 
     def offer(self, verification: VerificationPort, wave: int, batch: BatchId) -> tuple[tuple[str, int], ...]:
@@ -91,41 +87,19 @@ class EndpointLink:
     def reward(self, outcomes: dict[RequestId, Outcome]) -> dict[str, int]:
         """The verifiers' rewards for the offered episodes, sent to the endpoint (their outcomes leave
         `outcomes`); one the verifier could not judge waits for the reward timeout."""
-        counts = {"episodes_judged": 0, "episodes_unjudged": 0}
-        for rid in [r for r in self._judging if r in outcomes]:
-            episode_id, outcome = self._judging.pop(rid), outcomes.pop(rid)
-            if isinstance(outcome, Verdict):
-                ray.get(self.handle.judged.remote(episode_id, outcome.reward))
-                counts["episodes_judged"] += 1
-            else:
-                counts["episodes_unjudged"] += 1
-                self.log(f"episode {episode_id}: the verifier could not judge it ({outcome.detail})")
-        return counts
+
+        def judged(episode_id: str, reward: float) -> None:
+            ray.get(self.handle.judged.remote(episode_id, reward))
+
+        return send_rewards(self._judging, outcomes, judged, self.log)
 
     def take(
         self, iteration: int, oldest: int
     ) -> tuple[list[TrainItem], list[tuple[str, str]], dict[str, int]]:
-        """The episodes ready since the last iteration: their train items, each episode's id and how
-        it was consumed, and the counts of those taken, trained and left out. One whose oldest turn
-        is older than `oldest` (the update's bound, the pipeline's) is dropped as a sample would be."""
+        """The episodes ready since the last iteration, as train items (`endpoint_items`: one older
+        than the update's bound `oldest` is dropped as a sample would be)."""
         taken = ray.get(self.handle.take_ready.remote(iteration))
-        stale = {e.id for e in taken if e.versions and min(e.versions) < oldest}
-        batch = episode_batch(
-            [e for e in taken if e.id not in stale], keep_mixed=self.cfg.rollout.endpoint.train_mixed
-        )
-        trained = set(batch.episode_ids)
-        how = {e.id: "episode_stale" if e.id in stale else "episode_left_out" for e in taken} | dict.fromkeys(
-            trained, "episode"
-        )
-        consumed = [(f"episode/{e.id}", how[e.id]) for e in taken]
-        counts = {
-            "episodes": len(taken),
-            "episodes_trained": len(batch.items),
-            "episodes_mixed_dropped": len(batch.mixed),
-            "episodes_not_stitched": len(batch.not_stitched),
-            "episodes_stale_dropped": len(stale),
-        }
-        return batch.items, consumed, counts
+        return endpoint_items(taken, oldest, self.cfg.rollout.endpoint.train_mixed)
 
     def held(self, version: int) -> list[str]:
         """Instances a reload to `version` leaves in place for the endpoint's pinned episodes."""

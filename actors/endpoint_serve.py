@@ -73,9 +73,10 @@ def serve_fleet(
     max_staleness: int = 0,
     prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
     seed: int = 0,
+    engine: str = "torch",
 ) -> FleetServer:
     """Publish `checkpoint`, start `instances` rollout actors that join it, and the endpoint over them
-    (Ray must be initialised)."""
+    (Ray must be initialised). `engine`: the instances' engine kind, torch or vllm (as a job's)."""
     t0 = time.monotonic()
     service = WeightService()
     service.publish(0, to_bf16_bytes(load_checkpoint(checkpoint, template=template).model))
@@ -86,6 +87,7 @@ def serve_fleet(
             max_batch,
             True,
             seed + k,
+            engine=engine,
             dtype=dtype,
             prefix_cache_tokens=prefix_cache_tokens,
         )

@@ -36,8 +36,12 @@ class Instance(instance.Instance):  # named as before: `ray::Instance` is its pr
         yield from super().generate(requests, attempt, refill)
 
     @ray.method(num_returns="streaming", concurrency_group="stream")
-    def stream(self, request: GenerationRequest, priority: int = 0) -> Iterator[Event]:  # type: ignore[override]
-        yield from super().stream(request, priority)
+    def mux(self, reader: str) -> Iterator[list[tuple[str, Event]]]:  # type: ignore[override]
+        yield from super().mux(reader)
+
+    @ray.method(concurrency_group="control")
+    def submit_stream(self, request: GenerationRequest, priority: int, reader: str) -> None:  # type: ignore[override]
+        super().submit_stream(request, priority, reader)
 
     @ray.method(num_returns="streaming", concurrency_group="stream")
     def episodes(self, spec: AgentSpec, tasks: Sequence[EpisodeTask]) -> Iterator[EpisodeRun]:  # type: ignore[override]
@@ -52,9 +56,9 @@ class Instance(instance.Instance):  # named as before: `ray::Instance` is its pr
         super().cancel(request_id)
 
 
-# one thread joins, the other answers abort and drain; status and the endpoint's cancel never wait
-# behind a join; each route of the job's requests (or episodes) and each endpoint request streams on
-# a thread of its own
+# one thread joins, the other answers abort and drain; status and the endpoint's requests and cancels
+# never wait behind a join; each route of the job's requests (or episodes) streams on a thread of its
+# own, and each endpoint's requests on one thread for all of them (`mux`)
 RolloutInstance = ray.remote(max_concurrency=2, concurrency_groups={"control": 2, "stream": STREAMS})(
     Instance
 )

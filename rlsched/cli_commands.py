@@ -183,11 +183,6 @@ def _run_local(args: argparse.Namespace, cfg: Any, out_dir: Path) -> int:
             "rlsched run --local runs the torch engine only (the policy and the engine share one "
             "model in one process); drop --local to run engine.kind 'vllm' in Ray rollout instances"
         )
-    if cfg.rollout.endpoint.enabled:
-        raise UserError(
-            "rlsched run --local does not serve the OpenAI endpoint (rollout.endpoint.enabled) yet: drop "
-            "--local to serve it over the job's Ray rollout instances, or set rollout.endpoint.enabled false"
-        )
 
     console.print(
         f"[bold]rlsched run --local[/bold] {args.config}: single-process GRPO on the {cfg.task.name} task "

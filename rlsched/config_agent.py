@@ -87,7 +87,14 @@ class AgentConfig(Section):
     policy: EnvPolicy = Field(
         EnvPolicy.RESIDENT,
         description="resident: an environment lives the whole episode; rebuild: it is released after "
-        "each tool call, its files kept outside, and rebuilt for the next",
+        "each tool call, its files kept outside, and rebuilt for the next; prewarm: as rebuild, but the "
+        "kind the episode is expected to call next starts preparing before its model turn ends",
+    )
+    prewarm_lead_s: float | None = Field(
+        None,
+        ge=0,
+        description="prewarm: start preparing this long before the model turn is expected to end "
+        "(null: the kind's mean preparation time so far, the shortest lead that hides it)",
     )
     chat_template: Path | None = Field(
         None, description="a Jinja chat template that renders tools, where the checkpoint's does not"
@@ -114,10 +121,5 @@ class AgentConfig(Section):
         if unknown:
             raise ValueError(
                 f"tools run in environments not declared under agent.environments: {', '.join(unknown)}"
-            )
-        if self.policy is EnvPolicy.PREWARM:
-            raise ValueError(
-                "agent.policy prewarm is scheduled by the environment core (scripts/bench_env.py); "
-                "a job runs resident or rebuild"
             )
         return self

@@ -27,6 +27,12 @@ instance directly over Ray; the instance runs one torch thread, as in a job.
 
 Figures are medians over `--repeats`. Writes bench_results/bench_endpoint.json (or --json).
 
+`--engine vllm` (in `.venv-vllm`) runs both halves on vLLM: `rlsched serve --engine vllm`'s
+in-process endpoint against `VllmRolloutEngine.generate`, and the endpoint over one vLLM rollout
+instance (a job's endpoint on vLLM) against that instance's `complete`; the fleet's overhead is also
+given against the in-process endpoint, run beside it. It writes bench_endpoint_vllm.json and skips the
+429 and disconnect checks, which are the app's and run with the torch engine.
+
 `--abuse` runs the hostile flood of `scripts/_abuse.py` instead (out-of-range seeds, 20 MB bodies,
 non-finite rewards, 200 streams that are never read) and writes bench_endpoint_abuse.json.
 """
@@ -176,6 +182,18 @@ def direct(running: Running, n: int, tokens: int, seed: int) -> dict[str, float]
     return {"wall_s": wall, "tokens": produced, "tokens_per_s": produced / wall}
 
 
+def paired(running: Running, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """A warm-up (the first forwards allocate), then `--repeats` pairs: direct, then the endpoint."""
+    direct(running, 8, 8, args.seed)
+    endpoint(running, 8, 8, args.seed)
+    runs = []
+    for r in range(args.repeats):
+        d = direct(running, args.clients, args.tokens, args.seed + 1000 * r)
+        e = endpoint(running, args.clients, args.tokens, args.seed + 1000 * r)
+        runs.append({"direct": d, "endpoint": e, "ratio": e["tokens_per_s"] / d["tokens_per_s"]})
+    return runs
+
+
 def endpoint(running: Running, n: int, tokens: int, seed: int) -> dict[str, Any]:
     return stream_load(f"http://{running.host}:{running.port}", running.served.model_name, n, tokens, seed)
 
@@ -247,7 +265,9 @@ def disconnects(running: Running, clients: int) -> dict[str, Any]:
     }
 
 
-def fleet(checkpoint: Path, clients: int, tokens: int, repeats: int, seed: int) -> list[dict[str, Any]]:
+def fleet(
+    checkpoint: Path, clients: int, tokens: int, repeats: int, seed: int, engine: str = "torch"
+) -> list[dict[str, Any]]:
     """The same load over the Ray fleet (`rlsched serve`'s default): one rollout instance (one torch
     thread, as in a job) behind the endpoint actor; the bound is the same requests sent to that
     instance directly (`complete`, the job's path), in the same run."""
@@ -258,7 +278,9 @@ def fleet(checkpoint: Path, clients: int, tokens: int, repeats: int, seed: int) 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         cfg = EndpointConfig(port=0, max_waiting=1024, model_name="smollm2")
-        server = serve_fleet(checkpoint, cfg, instances=1, max_batch=clients, prefix_cache_tokens=0)
+        server = serve_fleet(
+            checkpoint, cfg, instances=1, max_batch=clients, prefix_cache_tokens=0, engine=engine
+        )
         (instance,) = server.instances.values()
         tokenizer, _ = load_prompting(checkpoint)
         url = server.base_url.removesuffix("/v1")
@@ -348,24 +370,24 @@ def main() -> None:
     ap.add_argument(
         "--abuse", action="store_true", help="the hostile flood instead (scripts/_abuse.py says what)"
     )
+    ap.add_argument(
+        "--engine", choices=["torch", "vllm"], default="torch", help="vllm: run in .venv-vllm (above)"
+    )
     args = ap.parse_args()
     if not args.checkpoint.is_dir():
         raise SystemExit(f"{args.checkpoint} is missing: run `make model-smollm2` first")
     if args.abuse:
         abuse_run(args)
         return
+    if args.engine == "vllm":
+        vllm_run(args)
+        return
     served = local_served(
         args.checkpoint, model_name="smollm2", max_batch=args.clients, prefix_cache_tokens=0
     )
     running = start(served, EndpointConfig(port=0, max_waiting=1024))
     try:
-        direct(running, 8, 8, args.seed)  # warm-up: the first forwards allocate
-        endpoint(running, 8, 8, args.seed)
-        runs = []
-        for r in range(args.repeats):
-            d = direct(running, args.clients, args.tokens, args.seed + 1000 * r)
-            e = endpoint(running, args.clients, args.tokens, args.seed + 1000 * r)
-            runs.append({"direct": d, "endpoint": e, "ratio": e["tokens_per_s"] / d["tokens_per_s"]})
+        runs = paired(running, args)
         limit = refusals(running, args.clients, 8)
         left = disconnects(running, 16)
     finally:
@@ -452,6 +474,70 @@ def main() -> None:
             "disconnects": left,
         },
     )
+
+
+def vllm_run(args: argparse.Namespace) -> None:
+    """`--engine vllm`: `rlsched serve --engine vllm` in process, then a job's endpoint over one vLLM
+    rollout instance, each against its own bound, in one run."""
+    from rlsched.config import EngineKind
+
+    served = local_served(
+        args.checkpoint, model_name="smollm2", max_batch=args.clients, engine=EngineKind.VLLM
+    )
+    running = start(served, EndpointConfig(port=0, max_waiting=1024))
+    try:
+        runs = paired(running, args)
+    finally:
+        running.stop()
+    del served, running
+    fleet_runs = fleet(args.checkpoint, args.clients, args.tokens, args.repeats, args.seed, engine="vllm")
+
+    def med(of: list[dict[str, Any]], sub: str, key: str) -> float:
+        return statistics.median(run[sub][key] for run in of)
+
+    serve_ratio = statistics.median(run["ratio"] for run in runs)
+    fleet_ratio = statistics.median(run["ratio"] for run in fleet_runs)
+    against_serve = med(fleet_runs, "endpoint", "tokens_per_s") / med(runs, "endpoint", "tokens_per_s")
+    rows = [
+        [name, f"{med(of, sub, 'tokens_per_s'):.0f}", f"{med(of, sub, 'wall_s'):.2f}",
+         *(f"{med(of, sub, k) * 1e3:.0f}" if sub == "endpoint" else "-"
+           for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")), ratio]
+        for name, of, sub, ratio in [
+            ("vLLM engine direct", runs, "direct", "1.00"),
+            ("rlsched serve --engine vllm", runs, "endpoint", f"{serve_ratio:.3f}"),
+            ("fleet: vLLM instance direct", fleet_runs, "direct", "1.00"),
+            ("fleet: endpoint", fleet_runs, "endpoint", f"{fleet_ratio:.3f}"),
+        ]
+    ]  # fmt: skip
+    table(
+        f"{args.clients} clients x {args.tokens} tokens, SmolLM2-135M on vLLM, median of {args.repeats}",
+        ["path", "tok/s", "wall s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "of direct"],
+        rows,
+        width=120,
+    )
+    print(
+        f"overhead {1 - serve_ratio:.1%} in process, {1 - fleet_ratio:.1%} over the fleet; the fleet's "
+        f"endpoint streams {against_serve:.3f}x the tokens/s of `rlsched serve --engine vllm`"
+    )
+    write(
+        args.json.with_name(args.json.stem + "_vllm.json"),
+        {
+            "workload": {
+                "checkpoint": str(args.checkpoint), "clients": args.clients, "tokens": args.tokens,
+                "repeats": args.repeats, "engine": "vllm",
+                "sampling": "temperature 1, seed per request, ignore_eos",
+                "machine": platform.processor() or platform.machine(),
+            },
+            "seed": args.seed,
+            "runs": runs,
+            "bound": "direct: the same requests to VllmRolloutEngine.generate in the same run",
+            "serve_overhead_median": 1 - serve_ratio,
+            "fleet_runs": fleet_runs,
+            "fleet_bound": "the same requests to the vLLM rollout instance's `complete` over Ray",
+            "fleet_overhead_median": 1 - fleet_ratio,
+            "fleet_over_serve_endpoint": against_serve,
+        },
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -183,12 +183,17 @@ class JobEndpoint:
             "temperature": 1.0,
         }
 
-    def episode(self, episode_id: str, group_id: str, reward: float | None = None) -> None:
+    def episode(
+        self, episode_id: str, group_id: str, reward: float | None = None, reference: str | None = None
+    ) -> None:
+        """One turn, ended; rewarded with `reward`, or judged by the job's verifier against
+        `reference`."""
         import httpx
 
-        self.client.chat.completions.create(
-            **self.ask, extra_body={"episode_id": episode_id, "group_id": group_id}
-        )
+        extra = {"episode_id": episode_id, "group_id": group_id}
+        if reference is not None:
+            extra["reference"] = reference
+        self.client.chat.completions.create(**self.ask, extra_body=extra)
         assert httpx.post(f"{self.base_url}/episodes/{episode_id}/end", timeout=30).is_success
         if reward is not None:
             self.reward(episode_id, reward)

@@ -12,7 +12,10 @@ An episode is a loop of turns:
    crash, an unknown tool or bad arguments come back as error observations, and the episode goes on.
    When each environment is prepared and released is the environment core's to say
    (`rlsched.core.envs`, the rules the simulator and the Ray driver follow): under `resident` at the
-   episode's start and end, under `rebuild` around each call, its files kept between;
+   episode's start and end, under `rebuild` around each call, its files kept between; under
+   `prewarm` as under `rebuild`, but the kind the episode is expected to call next starts preparing,
+   on a thread of its own, `agent.prewarm_lead_s` before its model turn is expected to end (the
+   model-turn estimate and the prediction: `rlsched.rl.prewarm`);
 4. append   - the chat template renders the observations as tool messages after the reply, and only
    the new text is tokenized: the reply's tokens stay the ones the engine sampled, so the episode is
    one token sequence.
@@ -41,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -64,6 +68,7 @@ from rlsched.model.tokenizer import Tokenizer
 from rlsched.policy.environments import Capacity, EnvPolicy
 from rlsched.policy.retry import RetryPolicy
 from rlsched.rl.episode_runs import EpisodeRun, EpisodeTask, group_tasks
+from rlsched.rl.prewarm import TURN_WEIGHT, TurnEstimate, Wakeups, predict
 from rlsched.rl.requests import request_seed, run_seed_for_requests
 from rlsched.rl.task import TaskProblem
 from rlsched.serve.episodes import EndReason, Episode, Turn, continue_prompt
@@ -179,9 +184,12 @@ class AgentRollout:
         clock: Callable[[], float] = time.monotonic,
         policy: EnvPolicy = EnvPolicy.RESIDENT,
         journal: RoundJournal | None = None,
+        prewarm_lead_s: float | None = None,
     ) -> None:
         """`journal`: each round committed there, and an episode found there resumed from its last
-        committed round (None: episodes start afresh and nothing is kept)."""
+        committed round (None: episodes start afresh and nothing is kept). `prewarm_lead_s`: under
+        `prewarm`, how long before a model turn's expected end the predicted kind starts preparing
+        (None: that kind's mean preparation so far)."""
         self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
         self.journal = journal
         self.params, self.limits, self.env_retry = params, limits, env_retry
@@ -191,13 +199,26 @@ class AgentRollout:
         # when each environment is prepared and released: the environment core's rules, as on Ray and
         # in the simulator (no admission limit here: the batch is what runs)
         types = {kind: ec.EnvType(memory_gib=0.0, prepare_s=0.0) for kind in make_env().kinds}
-        self.core = ec.EnvCore(ec.EnvParams(policy, types, UNLIMITED))
+        self.core = ec.EnvCore(ec.EnvParams(policy, types, UNLIMITED, lead_s=prewarm_lead_s))
         self._core_lock = threading.Lock()
         self._kind_of_env: dict[str, str] = {}
+        self._episode_of_env: dict[str, str] = {}
+        self._kind_locks: dict[str, dict[str, threading.RLock]] = {}  # an episode's, by kind
         self._t0 = clock()
         self.swept = len(sweep_orphans())  # sandboxes a process killed before this one left here
+        self.prewarming = policy is EnvPolicy.PREWARM
+        self.turn_estimate = TurnEstimate()
+        self._runs: dict[str, EpisodeRun] = {}  # live episodes, for the preparations started ahead
+        self._ahead: dict[str, threading.Event] = {}  # environments preparing ahead: set when done
+        self._last_kind: dict[str, str] = {}
+        self._wakeups = Wakeups(self._next_wakeup, self._tick, self._now) if self.prewarming else None
+        # preparations started ahead: threads of their own, never behind the calls that wait for them
+        self.ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="prewarm")
 
     def close(self) -> None:
+        if self._wakeups is not None:
+            self._wakeups.close()
+        self.ahead.shutdown(wait=True)
         self.pool.shutdown(wait=True)
         self.lanes.shutdown(wait=True)
 
@@ -221,6 +242,7 @@ class AgentRollout:
             episode = Episode(episode_id, group_id, time.time())
             run = EpisodeRun(episode, problem, env, messages, len(ids), self.clock(), next_ids=ids)
             run.episode.reference = problem.answer
+        self._runs[episode_id] = run
         self._realize(run, self._feed(ec.Arrived(self._now(), episode_id, env.kinds)))
         return run
 
@@ -239,8 +261,12 @@ class AgentRollout:
             if admitted:  # its environments released (all destroyed by `close` below)
                 for effect in self._feed(ec.Ended(self._now(), run.episode.id)):
                     if isinstance(effect, (ec.Release, ec.Cancel)):
-                        self._kind_of_env.pop(effect.env, None)
-        run.env.close()
+                        self._forget(effect.env)
+            self._runs.pop(run.episode.id, None)
+            self._last_kind.pop(run.episode.id, None)
+            with self._core_lock:
+                self._kind_locks.pop(run.episode.id, None)
+        run.env.close()  # a preparation under way beside it releases what it made (`_prepare`)
 
     # -- the environment core ----------------------------------------------------------------------
 
@@ -248,12 +274,48 @@ class AgentRollout:
         return self.clock() - self._t0
 
     def _feed(self, event: ec.Event) -> list[ec.Effect]:
+        """The core's effects of `event` for the caller to carry out; the preparations a prewarm timer
+        made due (any event may) are started ahead here instead (`_prepare_ahead`)."""
+        ahead: list[ec.Prepare] = []
         with self._core_lock:
             effects = self.core.handle(event)
             for e in effects:
                 if isinstance(e, ec.Prepare):
                     self._kind_of_env[e.env] = e.tool
-            return effects
+                    self._episode_of_env[e.env] = self.core.envs[e.env].episode
+                    if self._is_ahead(event, e):
+                        self._ahead[e.env] = threading.Event()  # a call may wait for it
+                        ahead.append(e)
+        for e in ahead:
+            run = self._runs.get(self._episode_of_env.get(e.env, ""))
+            if run is None:
+                self._ahead.pop(e.env).set()
+            else:
+                self.ahead.submit(self._prepare_ahead, run, e)
+        return [e for e in effects if not any(e is a for a in ahead)]
+
+    def _is_ahead(self, event: ec.Event, prepare: ec.Prepare) -> bool:
+        """A prewarm timer's preparation: under `prewarm`, every one but that of the kind a call just
+        asked for."""
+        if not self.prewarming:
+            return False
+        if not isinstance(event, ec.ToolCalled):
+            return True
+        return not (event.tool == prepare.tool and self._episode_of_env[prepare.env] == event.episode)
+
+    def _forget(self, env: str) -> None:
+        self._kind_of_env.pop(env, None)
+        self._episode_of_env.pop(env, None)
+
+    @contextmanager
+    def _env_lock(self, run: EpisodeRun, kind: str) -> Iterator[None]:
+        """One kind's environment of one episode is prepared or released by one thread at a time (a
+        preparation started ahead runs beside the episode's own calls)."""
+        with self._core_lock:
+            locks = self._kind_locks.setdefault(run.episode.id, {}) if run.episode.ended is None else {}
+            lock = locks.setdefault(kind, threading.RLock())
+        with lock:
+            yield
 
     def _realize(self, run: EpisodeRun, effects: list[ec.Effect], kind: str | None = None) -> bool:
         """Do what the core said for this episode: prepare (faults retried), release. Whether a
@@ -265,13 +327,16 @@ class AgentRollout:
             if isinstance(effect, ec.Pend):
                 raise RuntimeError(f"episode {effect.episode} was not admitted: {effect.reason}")
             if isinstance(effect, ec.Prepare):
-                if self._with_retries(run, partial(_prepared, run.env, effect.tool)) is None:
+                if self._prepare(run, effect.tool) is None:
                     return False  # the environment failed past its retries: the episode ended
                 pending += self._feed(ec.Prepared(self._now(), effect.env))
             elif isinstance(effect, ec.Release):
-                run.env.release(self._kind_of_env.pop(effect.env))
+                released = self._kind_of_env[effect.env]
+                self._forget(effect.env)
+                with self._env_lock(run, released):
+                    run.env.release(released)
             elif isinstance(effect, ec.Cancel):
-                self._kind_of_env.pop(effect.env, None)
+                self._forget(effect.env)
             elif isinstance(effect, ec.RunTool):
                 runs = runs or self._kind_of_env.get(effect.env) == kind
         return runs
@@ -290,6 +355,73 @@ class AgentRollout:
                     self._end(run, EndReason.ENV_FAULT)
                     return None
                 time.sleep(wait)
+
+    def _prepare(self, run: EpisodeRun, kind: str) -> bool | None:
+        """Prepare the episode's `kind` (faults retried; None: it failed past its retries, and the
+        episode ended). Each preparation's time feeds the kind's estimate (prewarm's default lead)."""
+        with self._env_lock(run, kind):
+            if run.episode.ended is not None:
+                return None
+            started = time.monotonic()
+            done: bool | None = self._with_retries(run, partial(_prepared, run.env, kind))
+            if done is not None and run.episode.ended is not None:  # it ended meanwhile (`_end`)
+                run.env.release(kind)
+                return None
+        if done is not None and self.prewarming:
+            self._learn_preparation(kind, time.monotonic() - started)
+        return done
+
+    # -- prewarm: preparations started ahead of the calls --------------------------------------------
+
+    def _learn_preparation(self, kind: str, seconds: float) -> None:
+        with self._core_lock:
+            types = dict(self.core.params.types)
+            old = types[kind].prepare_s
+            mean = seconds if old == 0.0 else old + TURN_WEIGHT * (seconds - old)
+            types[kind] = dataclasses.replace(types[kind], prepare_s=mean)
+            self.core.params = dataclasses.replace(self.core.params, types=types)
+
+    def _model_calls(self, runs: Sequence[EpisodeRun]) -> None:
+        """Each episode's model turn began: when it should end, and the kind it should call next."""
+        now = self._now()
+        expected = now + self.turn_estimate.seconds
+        for run in runs:
+            predicted = predict(self._last_kind.get(run.episode.id), run.env.kinds)
+            self._feed(ec.ModelCallStarted(now, run.episode.id, expected, predicted))
+        assert self._wakeups is not None
+        self._wakeups.poke()
+
+    def _next_wakeup(self) -> float | None:
+        with self._core_lock:
+            return self.core.next_wakeup()
+
+    def _tick(self) -> None:
+        """A preparation is due: `_feed` starts it on a thread of its own, beside the model's turn."""
+        self._feed(ec.Tick(self._now()))
+
+    def _prepare_ahead(self, run: EpisodeRun, effect: ec.Prepare) -> None:
+        try:
+            if self._prepare(run, effect.tool) is None:
+                return
+            self._feed(ec.Prepared(self._now(), effect.env))  # a call that waited for it may run
+            with self._core_lock:
+                cancelled = effect.env not in self.core.envs  # a wrong prediction, or the episode ended
+            if cancelled:
+                with self._env_lock(run, effect.tool):
+                    run.env.release(effect.tool)
+        finally:
+            self._ahead.pop(effect.env, threading.Event()).set()
+
+    def _await_ahead(self, run: EpisodeRun, kind: str) -> bool:
+        """A call that found its environment still preparing ahead: wait for it. Whether it may run
+        (False: the preparation failed, and the episode ended)."""
+        with self._core_lock:
+            episode = self.core.episodes.get(run.episode.id)
+            env = episode.envs.get(kind) if episode is not None else None
+        done = self._ahead.get(env.name) if env is not None else None
+        if done is not None:
+            done.wait(self.limits.max_wall_s)
+        return run.live
 
     # -- the loop of turns -----------------------------------------------------------------------
 
@@ -371,8 +503,11 @@ class AgentRollout:
         submitted = time.time()
         pending: list[tuple[EpisodeRun, Future[list[Observation] | None]]] = []
         batch = [req for req, _ in requests.values()]
+        if self.prewarming:
+            self._model_calls([run for _, run in requests.values()])
         for sample in self.engine.generate(batch):
             run = requests[sample.request_id][1]
+            self.turn_estimate.add(time.time() - submitted)
             calls = self._record(run, sample, submitted)
             if calls is not None:
                 pending.append((run, self.pool.submit(self._execute, run, calls)))
@@ -480,7 +615,9 @@ class AgentRollout:
         """One tool call in its kind's environment, prepared and released as the core says."""
         kind = run.env.kind_of(call.name)
         assert kind is not None
-        if not self._realize(run, self._feed(ec.ToolCalled(self._now(), run.episode.id, kind)), kind):
+        self._last_kind[run.episode.id] = kind
+        runs = self._realize(run, self._feed(ec.ToolCalled(self._now(), run.episode.id, kind)), kind)
+        if not runs and not (run.live and self.prewarming and self._await_ahead(run, kind)):
             return None
         observation: Observation | None = self._with_retries(run, partial(run.env.step, call))
         if observation is not None:
@@ -521,7 +658,7 @@ class AgentSpec:
         a = self.agent
         return AgentRollout(
             engine, tokenizer, make_env, self.params, AgentLimits.of(a), RetryPolicy(a.env_retries),
-            self.run_seed, policy=a.policy, journal=journal,
+            self.run_seed, policy=a.policy, journal=journal, prewarm_lead_s=a.prewarm_lead_s,
         )  # fmt: skip
 
 

@@ -95,7 +95,7 @@ class Samples:
         return self._judge(rid, sample.text, self.problems[RequestId(rid)])
 
     def batch(self, update: it.Update, outcomes: dict[str, Outcome]) -> Batch:
-        ids = [RequestId(r) for r in update.request_ids]
+        ids = [RequestId(r) for r in update.request_ids if RequestId(r) in self.samples]  # not episodes
         judged = {RequestId(r): o for r, o in outcomes.items()}
         done = assemble(ids, self.samples, judged, self.cfg.grpo.group_size, update.oldest)
         return Batch(done.items, done.faults)

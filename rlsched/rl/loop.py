@@ -9,6 +9,10 @@ BF16 safetensors bytes, exactly as a remote instance does. Each iteration, as th
 3. the batch the core names is assembled (group-relative advantages) and trained: one clipped
    policy-gradient step per minibatch on the fp32 master weights;
 4. the BF16 bytes of the new weights are loaded into the engine as the next version.
+
+With `rollout.endpoint.enabled`, the OpenAI endpoint serves from the same engine on a thread of this
+process (`rlsched.rl.local_endpoint`): its clients' episodes are judged beside the wave's samples and
+join the batch at the update, as in a Ray job.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -29,7 +33,7 @@ from rlsched.config_agent import PREFIX_CACHE_BLOCKS
 from rlsched.config_params import pipeline_params, run_rules
 from rlsched.core import iteration as it
 from rlsched.core.pipeline import PipelineCore
-from rlsched.engine.protocol import WeightVersion
+from rlsched.engine.protocol import RequestId, WeightVersion
 from rlsched.engine.torch_engine import TorchRolloutEngine, engine_dtype
 from rlsched.model.checkpoint import Checkpoint, checksum, load_checkpoint, to_bf16_bytes, write_checkpoint
 from rlsched.policy.verify import BatchId, PendingVerification, TaskId
@@ -38,7 +42,8 @@ from rlsched.rl import episode_runs as er
 from rlsched.rl.evaluate import EvalResult, evaluate
 from rlsched.rl.feed import ProblemFeed
 from rlsched.rl.grpo import LossStats
-from rlsched.rl.local_arrivals import Episodes, Producer, Samples
+from rlsched.rl.local_arrivals import Batch, Episodes, Producer, Samples
+from rlsched.rl.local_endpoint import LocalEndpoint
 from rlsched.rl.local_pool import LocalPool
 from rlsched.rl.requests import sampling_params
 from rlsched.rl.task import TaskProblem, check_prompts, verify_kind_key
@@ -67,6 +72,7 @@ class StepRecord:
     skipped_steps: int = 0  # optimizer steps not taken: a non-finite loss or gradient
     eval_pass_rate: float | None = None
     episodes: dict[str, Any] | None = None  # multi-turn jobs: turns, tool calls, end reasons
+    endpoint: dict[str, int] | None = None  # with the endpoint: its episodes taken, trained, left out
 
 
 @dataclass
@@ -150,13 +156,19 @@ class GRPOLoop:
             else Samples(cfg, self.engine, self.template, self.sampling, self.judge)
         )
         self.last_eval_episodes: dict[str, Any] | None = None  # the last agent evaluation's counts
+        self.endpoint = (
+            LocalEndpoint(cfg, self.engine, self.verifiers, log) if cfg.rollout.endpoint.enabled else None
+        )
 
     def _agent_rollout(self) -> ag.AgentRollout:
         """Multi-turn episodes with the job's tools (`rlsched.rl.agent`)."""
         return ag.spec_of(self.cfg, self.sampling).rollout(self.engine, self.ckpt.tokenizer)
 
     def close(self) -> None:
-        """Release what the loop holds outside the model: the multi-turn rollout's tool threads."""
+        """Release what the loop holds outside the model: the endpoint's server, the multi-turn
+        rollout's tool threads."""
+        if self.endpoint is not None:
+            self.endpoint.stop()
         if self.agent is not None:
             self.agent.close()
 
@@ -212,21 +224,22 @@ class GRPOLoop:
     def step(self, step: int) -> StepRecord:
         """One iteration, as the core asks for each phase: a wave of problems goes out, each sample
         (or episode) is judged when the core says, the batch it names trains, and the new version is
-        published to the engine. Single-turn and multi-turn alike, through the producer."""
+        published to the engine. Single-turn and multi-turn alike, through the producer; with the
+        endpoint, its clients' episodes are judged beside the wave's and join the batch."""
         t = time.monotonic()
         problems = [self.feed.next()[1] for _ in range(self.cfg.grpo.prompts_per_step)]
         iteration = self.phases.take(it.Generate).iteration  # the core's word that it may go out
         wave = self.producer.begin(problems, iteration, int(self.version))
-        self._feed(it.Started(t, iteration, wave.ids))
         outcomes: dict[str, Outcome] = {}
+        self._settle(self._feed(it.Started(t, iteration, wave.ids)), outcomes)
+        self._settle(self._offer(), outcomes)
         for rid, oldest in wave.arrivals:
-            for verify in self._feed(it.SampleArrived(time.monotonic(), rid, oldest)):
-                for r in verify.request_ids:
-                    outcomes[r] = self.producer.judge(r)
-                    self._feed(it.Judged(time.monotonic(), r))
+            self._settle(self._feed(it.SampleArrived(time.monotonic(), rid, oldest)), outcomes)
+            self._settle(self._offer(), outcomes)
         phase = {self.producer.phase: time.monotonic() - t}
         t = time.monotonic()
-        batch = self.producer.batch(self.phases.take(it.Update), outcomes)
+        update = self.phases.take(it.Update)
+        batch, endpoint = self._batch(update, outcomes)
         stats = self.update(batch.items, step) if batch.items else LossStats(0.0, 0.0, 0.0, 1.0)
         self._feed(it.Updated(time.monotonic()))
         phase["update"] = time.monotonic() - t
@@ -249,7 +262,35 @@ class GRPOLoop:
             faults=batch.faults,
             skipped_steps=stats.skipped,
             episodes=batch.episodes,
+            endpoint=endpoint,
         )
+
+    def _settle(self, verify: list[it.Verify], outcomes: dict[str, Outcome]) -> None:
+        """Judge what the core says to verify now: the wave's samples and the endpoint's episodes."""
+        for v in verify:
+            for r in v.request_ids:
+                if self.endpoint is not None and self.endpoint.owns(r):
+                    outcomes[r] = self.endpoint.judge(r, self.judge)
+                else:
+                    outcomes[r] = self.producer.judge(r)
+                self._feed(it.Judged(time.monotonic(), r))
+
+    def _offer(self) -> list[it.Verify]:
+        """The endpoint's episodes that wait for a verdict join the wave that generates (`Offered`)."""
+        if self.endpoint is None or not self.core.takes_offers:
+            return []
+        offered = self.endpoint.offer()
+        return self._feed(it.Offered(time.monotonic(), offered)) if offered else []
+
+    def _batch(self, update: it.Update, outcomes: dict[str, Outcome]) -> tuple[Batch, dict[str, int] | None]:
+        """The wave's batch as the core names it; with the endpoint, the verdicts of its episodes sent
+        back (their outcomes leave `outcomes`) and those ready joining the batch."""
+        if self.endpoint is None:
+            return self.producer.batch(update, outcomes), None
+        judged = self.endpoint.reward(cast(dict[RequestId, Outcome], outcomes))
+        batch = self.producer.batch(update, outcomes)
+        more, counts = self.endpoint.take(update.iteration, update.oldest)
+        return dataclasses.replace(batch, items=[*batch.items, *more]), counts | judged
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -282,9 +323,11 @@ class GRPOLoop:
                 rec.eval_pass_rate = self.evaluate(self.cfg.eval.curve_size).pass_rate
             records.append(rec)
             if rec.eval_pass_rate is not None:
-                self.log(self._progress_line(rec, time.monotonic() - t_update))
+                self.log(self._progress_line(rec, time.monotonic() - t_update) + _endpoint_note(rec))
             elif rec.episodes is not None:  # multi-turn steps are long: a line each
-                self.log(self._episodes_line(rec, time.monotonic() - t_update))
+                self.log(self._episodes_line(rec, time.monotonic() - t_update) + _endpoint_note(rec))
+            elif rec.endpoint is not None and rec.endpoint["episodes"]:
+                self.log(f"step {rec.step:4d}  v{rec.version:<4d}{_endpoint_note(rec)}")
         update_s = time.monotonic() - t_update
         after = self.evaluate()
         self.log(
@@ -324,6 +367,14 @@ class GRPOLoop:
             f"step {rec.step:4d}  v{rec.version:<4d} reward {rec.reward:.3f}  loss {rec.loss:+.4f}  "
             f"clip {rec.clip_fraction:.3f}  eval {100 * (rec.eval_pass_rate or 0):5.1f}%  {elapsed:6.1f} s"
         )
+
+
+def _endpoint_note(rec: StepRecord) -> str:
+    """The endpoint's episodes in a step's line: how many it took and trained (nothing without)."""
+    e = rec.endpoint
+    if not e or not e["episodes"]:
+        return ""
+    return f"  endpoint: {e['episodes_trained']} of {e['episodes']} episode(s) trained"
 
 
 def write_outputs(loop: GRPOLoop, report: RunReport, out_dir: Path) -> tuple[Path, Path]:

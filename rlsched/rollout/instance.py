@@ -211,6 +211,7 @@ class Instance:
         self.store_failures = 0
         self._streams: StreamServer | VllmStreams | None = None  # the endpoint's requests, made on the first
         self._streams_lock = threading.Lock()
+        self._mux: dict[str, queue.SimpleQueue[tuple[str, Event] | None]] = {}  # by endpoint (`mux`)
         self._agent: AgentRollout | None = None  # a multi-turn job's episodes, made on the first
         self._episodes: EpisodeServer | None = None  # ... and their loop of rounds
         self._prepare_spare(background=False)  # part of starting: the first pull finds it made
@@ -519,28 +520,35 @@ class Instance:
             raise JoinFailed(f"{self.instance_id}: {self.unavailable}")
         return self.engine.context_length, self.engine.max_batch
 
-    def stream(self, request: GenerationRequest, priority: int = 0) -> Iterator[Event]:
-        """One request of the OpenAI endpoint, as it generates: each step's tokens for it, then its
-        sample. It joins the running batch (continuous batching, lowest `priority` first); a stream
-        closed by its reader withdraws or aborts the request."""
+    def mux(self, reader: str) -> Iterator[list[tuple[str, Event]]]:
+        """The OpenAI endpoint's requests here, on one stream for all of them (`reader`: the endpoint
+        that reads it, one per endpoint): each message is every event that came since the last, with
+        its request's id (each step's tokens, then the sample; the exception a request failed with;
+        `Withdrawn` for one withdrawn before it ran). One message a decoding step for the whole batch,
+        not one per request. It ends when the instance is released."""
+        box = self._mux_box(reader)
+        while True:
+            batch = [box.get()]
+            while not box.empty():
+                batch.append(box.get())
+            items = [b for b in batch if b is not None]
+            if items:
+                yield items
+            if len(items) < len(batch):
+                return
+
+    def submit_stream(self, request: GenerationRequest, priority: int, reader: str) -> None:
+        """One request of the OpenAI endpoint: it joins the running batch (continuous batching, lowest
+        `priority` first) and its events go to `reader`'s stream (`mux`)."""
         if self.state is not InstanceState.READY:
             raise NotReady(f"{self.instance_id} is {self.state}, not ready")
-        server = self._stream_server()
-        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        server.submit(request, priority, events.put)
-        finished = False
-        try:
-            while not finished:
-                event = events.get()
-                if isinstance(event, Withdrawn):
-                    return
-                if isinstance(event, BaseException):
-                    raise event
-                finished = isinstance(event, Sample)
-                yield event
-        finally:
-            if not finished:
-                server.cancel(request.request_id)
+        box, rid = self._mux_box(reader), str(request.request_id)
+        self._stream_server().submit(request, priority, lambda event: box.put((rid, event)))
+
+    def _mux_box(self, reader: str) -> queue.SimpleQueue[tuple[str, Event] | None]:
+        """`reader`'s events, made by whichever comes first: its stream or its first request."""
+        with self._streams_lock:
+            return self._mux.setdefault(reader, queue.SimpleQueue())
 
     def streams(self) -> tuple[int, int]:
         """The endpoint's requests here that hold an engine row, and those that wait for one."""
@@ -574,6 +582,9 @@ class Instance:
             self._to(InstanceState.DRAINING)
         if self._streams is not None:
             self._streams.close()
+        with self._streams_lock:
+            for box in self._mux.values():
+                box.put(None)  # each endpoint's stream ends
         if self._episodes is not None:
             self._episodes.stop()
         if self._agent is not None:

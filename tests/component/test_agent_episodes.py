@@ -161,6 +161,30 @@ def test_the_environment_core_says_when_each_environment_is_prepared_and_release
     assert rollout.core.envs == {} and rollout.core.episodes == {}  # released with the episode
 
 
+def test_prewarm_prepares_the_predicted_environment_while_the_model_turn_runs(trained: Model) -> None:
+    """`agent.policy: prewarm` in a job's episodes: when a model turn begins, the kind its episode is
+    expected to call (here its only kind) starts preparing on a thread of its own, due at the turn's
+    expected end less the lead, so the call finds it prepared or preparing (a hit), where `rebuild`
+    prepares it only once the call has come. A preparation no call uses (the broken episode's) is
+    released with its episode: nothing is left behind."""
+    counts = {}
+    for policy in ("rebuild", "prewarm"):
+        rollout = trained.rollout(agent_cfg(policy=policy, max_turns=2))
+        try:
+            calls, broken = rollout.run([trained.problems[0], BROKEN], 1, policy)
+        finally:
+            rollout.close()
+        assert (calls.tool_calls, broken.tool_calls) == (1, 0) and calls.fault is None
+        assert calls.episode.ended is EndReason.FINAL_ANSWER
+        assert rollout.core.envs == {} and rollout.core.episodes == {}
+        counts[policy] = (rollout.core.counts, calls.env.preparations, broken.env.preparations)
+    (rebuild, _, unused), (prewarm, prepared, ahead) = counts["rebuild"], counts["prewarm"]
+    assert (rebuild.hits, prewarm.hits, prewarm.misses) == (0, 1, 0)
+    assert unused == 0 and ahead >= 1 and prepared >= 1  # prewarm prepared the broken one's too
+    waits = f"rebuild {rebuild.waited_s * 1e3:.0f} ms, prewarm {prewarm.waited_s * 1e3:.0f} ms"
+    print(f"the call's exposed preparation: {waits}")
+
+
 def test_a_hanging_tool_is_stopped_and_the_model_reads_an_error(trained: Model) -> None:
     rollout = trained.rollout(agent_cfg("import time\ntime.sleep(60)", timeout_s=1.0, max_turns=2))
     (run,) = rollout.run(trained.problems[:1], 1, "hang")
@@ -311,12 +335,18 @@ def test_a_turn_s_calls_to_two_environments_run_at_once_and_come_back_in_order(t
         rollout.close()
 
 
-def test_local_runs_a_multi_turn_step_through_the_one_driver(tool_model: Path, tmp_path: Path) -> None:
-    """`rlsched run --local` on a multi-turn job: its one `step` runs the wave's episodes through the
-    episode producer (`rlsched.rl.local_arrivals.Episodes`), each episode one of the core's samples,
-    judged on its final answer, trained whole, and the new version published to the engine."""
+@pytest.mark.parametrize("endpoint", [False, True], ids=["endpoint_off", "endpoint_on"])
+def test_local_runs_a_multi_turn_step_through_the_one_driver(
+    tool_model: Path, tmp_path: Path, endpoint: bool
+) -> None:
+    """`rlsched run --local` on a multi-turn job (the modes matrix's sync multi-turn torch cells): its
+    one `step` runs the wave's episodes through the episode producer
+    (`rlsched.rl.local_arrivals.Episodes`), each episode one of the core's samples, judged on its
+    final answer, trained whole, and the new version published to the engine. With the endpoint on,
+    a client's rewarded group of two episodes, served by the same engine, joins the batch."""
     from rlsched.config import JobConfig
     from rlsched.rl.loop import GRPOLoop
+    from tests.helpers import JobEndpoint
 
     taught = teacher_problems()
     rows = [
@@ -334,13 +364,21 @@ def test_local_runs_a_multi_turn_step_through_the_one_driver(tool_model: Path, t
             "sampling": {"temperature": 0.0, "max_tokens": 48},
             "agent": agent_cfg().model_dump() | {"chat_template": str(TEMPLATE)},
             "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2},
+            "rollout": {"endpoint": {"enabled": endpoint, "port": 0}},
         }
     )
-    loop = GRPOLoop(cfg, log=lambda _: None)
+    lines: list[str] = []
+    loop = GRPOLoop(cfg, log=lines.append)
     try:
+        if endpoint:
+            client = JobEndpoint(lines)
+            client.episode("c-0", "c", 1.0)
+            client.episode("c-1", "c", 0.0)
         rec = loop.step(0)
     finally:
         loop.close()
+    if endpoint:
+        assert rec.endpoint is not None and rec.endpoint["episodes_trained"] == 2, rec.endpoint
     assert rec.episodes is not None and rec.episodes["episodes"] == 4 and rec.episodes["faults"] == 0
     assert rec.episodes["tool_calls"] > 0 and rec.reward > 0  # it calls the calculator, as it learned
     assert set(rec.phase_s) == {"episodes", "update", "publish"} and rec.version == 1

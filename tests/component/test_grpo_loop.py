@@ -92,3 +92,27 @@ def test_the_local_loop_builds_its_iteration_core_from_the_config_as_the_ray_con
     assert params.mode is PipelineMode.SYNC and params.ahead == 0 and params.max_staleness == 1
     record = loop.step(0)  # the sequential baseline: every sample verified once generation ends
     assert record.step == 1 and record.version == 1
+
+
+def test_local_serves_the_endpoint_and_trains_its_clients_episodes() -> None:
+    """`rlsched run --local` with the endpoint on (the sync single-turn torch cell of the modes
+    matrix): the server runs on the loop's engine, a client's rewarded group and an episode with a
+    reference, which the job's verifier judges beside the wave's samples, join the step's batch."""
+    from tests.helpers import JobEndpoint
+
+    cfg = load_config(
+        None, [*SMALL, "grpo.prompts_per_step=4", "rollout.endpoint.enabled=true", "rollout.endpoint.port=0"]
+    )
+    lines: list[str] = []
+    loop = GRPOLoop(cfg, log=lines.append)
+    try:
+        client = JobEndpoint(lines)
+        client.episode("c-0", "c", 1.0)
+        client.episode("c-1", "c", 0.0)
+        client.episode("r-0", "r", reference="1234567")  # no reward: the verifier's to give
+        rec = loop.step(0)
+    finally:
+        loop.close()
+    assert rec.endpoint is not None, lines
+    assert rec.endpoint["episodes_judged"] == 1 and rec.endpoint["episodes_trained"] == 3, rec.endpoint
+    assert rec.endpoint["episodes_unjudged"] == 0 and rec.version == 1

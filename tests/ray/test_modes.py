@@ -13,7 +13,8 @@ The async multi-turn cell without the endpoint also checks that an episode spann
 counts from its oldest turn, as a single-turn sample counts from its oldest token: it runs 2 iterations
 with versions swapped in flight, one instance taking a wave a route (4 rows, refilled once all 4 are
 free), and a calculator that takes 5 s a call, so that v1 arrives while wave 2's episodes wait for
-it and their answers are sampled at v1; step 2 trains them at staleness 1, inside the bound.
+it and their answers are sampled at v1; step 2 trains them at staleness 1, inside the bound. The
+async multi-turn cell with the endpoint runs its episodes under `agent.policy: prewarm`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ CELLS = [
 
 # the cell that also checks episodes across a version bump (vLLM cannot swap a version in flight)
 SPANNING = ("torch", "async", "multi", False)
+# the cell whose episodes prepare their environments ahead (`agent.policy: prewarm`)
+PREWARM = ("torch", "async", "multi", True)
 
 
 def cell_config(engine: str, mode: str, turns: str, endpoint: bool, tool_model: Path, tmp_path: Path) -> Any:
@@ -71,6 +74,8 @@ def cell_config(engine: str, mode: str, turns: str, endpoint: bool, tool_model: 
     tree["rollout"], tree["run"] = {}, {}
     if spanning:
         sets += ["rollout.request_batch=4", "rollout.inflight_update=swap"]
+    if (engine, mode, turns, endpoint) == PREWARM:
+        tree["agent"]["policy"] = "prewarm"
     path = tmp_path / "cell.yaml"
     path.write_text(yaml.safe_dump(tree))
     cfg = load_config(path, sets)

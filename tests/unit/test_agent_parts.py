@@ -63,7 +63,7 @@ def test_the_agent_section_is_checked_when_the_job_is_loaded() -> None:
         ({"tools": [CALC | {"parameters": {"type": "nope"}}]}, "not a valid JSON schema"),
         ({"tools": [CALC | {"program_file": "x.py"}]}, "its program or its program_file, one of them"),
         ({"tools": [CALC | {"name": "two words"}]}, "use letters, digits"),
-        ({"tools": [CALC], "policy": "prewarm"}, "a job runs resident or rebuild"),
+        ({"tools": [CALC], "policy": "prewarm", "prewarm_lead_s": -1}, "greater than or equal to 0"),
     ]
     for agent, why in cases:
         with pytest.raises(ValidationError, match=why):
