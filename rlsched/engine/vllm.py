@@ -95,6 +95,18 @@ def require_vllm() -> Any:
     return vllm
 
 
+def _prefill_chunks(vllm: Any, context: int) -> dict[str, Any]:
+    """On a CPU, prompts are prefilled whole (no chunked prefill), in steps of up to a context's worth
+    of tokens. vLLM 0.32 rewinds a seeded request's generator after each partial prefill
+    (`Generator.set_offset`), which a CPU generator does not support: with chunked prefill, seeded
+    requests whose prompts together exceed a step's token budget (2,048) killed the engine
+    ("CPU Generator does not use offset"), e.g. 64 seeded streams of 36 tokens. Every request of a job
+    is seeded. Elsewhere vLLM's defaults stay."""
+    if not vllm.platforms.current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 2048)}
+
+
 def _executor_backend(vllm: Any) -> str | None:
     """On a CPU, the model runs inside vLLM's engine-core process ("uni"), not in a worker process of
     its own: one process and one import of vLLM fewer (the shipped base's engine started in 17.5 s
@@ -224,6 +236,7 @@ class VllmRolloutEngine:
             enable_prefix_caching=True,
             scheduling_policy="priority",  # the endpoint's `priority`, lower first; then arrival order
             worker_extension_cls="rlsched.engine.vllm_ext.RlschedWeights",
+            **_prefill_chunks(vllm, self._context),
         )
         self._engine = self._call(self._make(AsyncLLM, args))
         self._live: dict[RequestId, _Live] = {}

