@@ -400,14 +400,16 @@ class AgentRollout:
         self._feed(ec.Tick(self._now()))
 
     def _prepare_ahead(self, run: EpisodeRun, effect: ec.Prepare) -> None:
+        """Under its kind's lock throughout: a call to that kind prepared on demand meanwhile (after a
+        wrong prediction was cancelled) waits, and finds what this leaves."""
         try:
-            if self._prepare(run, effect.tool) is None:
-                return
-            self._feed(ec.Prepared(self._now(), effect.env))  # a call that waited for it may run
-            with self._core_lock:
-                cancelled = effect.env not in self.core.envs  # a wrong prediction, or the episode ended
-            if cancelled:
-                with self._env_lock(run, effect.tool):
+            with self._env_lock(run, effect.tool):
+                if self._prepare(run, effect.tool) is None:
+                    return
+                self._feed(ec.Prepared(self._now(), effect.env))  # a call that waited for it may run
+                with self._core_lock:
+                    cancelled = effect.env not in self.core.envs  # a wrong prediction, or it ended
+                if cancelled:
                     run.env.release(effect.tool)
         finally:
             self._ahead.pop(effect.env, threading.Event()).set()
@@ -508,6 +510,8 @@ class AgentRollout:
         for sample in self.engine.generate(batch):
             run = requests[sample.request_id][1]
             self.turn_estimate.add(time.time() - submitted)
+            if not run.live:  # its environment, prepared ahead, failed past its retries meanwhile
+                continue
             calls = self._record(run, sample, submitted)
             if calls is not None:
                 pending.append((run, self.pool.submit(self._execute, run, calls)))
