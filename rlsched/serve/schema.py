@@ -4,7 +4,9 @@ and nothing else.
 Every model forbids fields it does not know, so a typo or a field from a newer API is refused with
 400 naming it rather than ignored. Fields the OpenAI API has but this server does not implement
 (`NOT_IMPLEMENTED`) are refused the same way unless they carry their no-op value (a
-`frequency_penalty` of 0 is accepted; 0.5 is not). Messages accept what the `openai` client sends
+`frequency_penalty` of 0 is accepted; 0.5 is not). Fields that change nothing for a model served
+here (`IGNORED`: `store`, `metadata`, `service_tier`) are accepted, type-checked and ignored, as vLLM
+does: agent frameworks send them by default. Messages accept what the `openai` client sends
 back when an agent appends a response's message to its history (`refusal`, `annotations`, ... as
 null).
 
@@ -31,15 +33,16 @@ NOT_IMPLEMENTED: dict[str, object] = {
     "modalities": None,
     "prediction": None,
     "reasoning_effort": None,
-    "service_tier": None,
-    "store": None,
-    "metadata": None,
     "web_search_options": None,
     "suffix": None,
     "echo": None,
     "best_of": None,
 }
 
+
+# OpenAI fields accepted and ignored: nothing is stored for OpenAI's distillation or evals, the
+# metadata is theirs, and a local model has one service tier
+IGNORED = ("store", "metadata", "service_tier")
 
 INDEX_MAX = (1 << 31) - 1  # counts that become tensor sizes or indices (`rlsched.engine.protocol`)
 
@@ -171,6 +174,7 @@ class _Sampling(_Strict):
     logit_bias: dict[str, float] | None = None
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
+    # OpenAI's fields that change nothing here (`IGNORED`)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None

@@ -90,6 +90,17 @@ def test_an_unimplemented_field_at_its_no_op_value_is_accepted_and_otherwise_ref
         ChatCompletionRequest.model_validate(chat(**{field: 0.5}))
 
 
+def test_fields_that_change_nothing_here_are_accepted_and_type_checked() -> None:
+    """`store`, `metadata` and `service_tier`, which agent frameworks send by default, are accepted
+    and ignored (`IGNORED`); a wrong type is still a 400, and an unknown field too."""
+    body = chat(store=True, metadata={"run": "a"}, service_tier="auto", user="agent-1")
+    assert ChatCompletionRequest.model_validate(body).store is True
+    with pytest.raises(ValidationError, match="metadata"):
+        ChatCompletionRequest.model_validate(chat(metadata={"run": 1}))
+    with pytest.raises(ValidationError, match="storage"):
+        ChatCompletionRequest.model_validate(chat(storage=True))
+
+
 def test_an_agent_may_send_back_the_message_the_client_parsed() -> None:
     """What `response.choices[0].message.model_dump()` gives, appended to the history."""
     echoed = {
