@@ -20,6 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # tests about something else than the gang or the fleet's size: each process a job starts imports
 # torch and transformers, about 6-7 s of a core on the 2-core AMD EPYC (a quickstart's start-up is
 # about 40 s of CPU, most of it those imports)
+# a tool's parameters that any model finishes within a few dozen tokens (a pattern, not a maxLength:
+# xgrammar 0.2.8 takes an encoded surrogate, ED A0 80, as one character, which decodes to three
+# U+FFFD; a random model writes them, a trained one does not)
+WEATHER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit", "days"],
+    "additionalProperties": False,
+}
+CHAT_TOOLS_TEMPLATE = ROOT / "configs" / "chat_templates" / "smollm2_tools.jinja"
+
 ONE_OF_EACH = ["trainer.ranks=1", "rollout.instances=1", "verifier.workers=1"]
 
 ONE_NODE_ADMIN = """

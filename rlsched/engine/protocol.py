@@ -3,7 +3,8 @@
 An engine holds one weight version at a time, takes generation requests (token ids, never JSON)
 and yields each finished sample the moment it finishes. A sample carries the weight version that
 produced it, its per-token log-probabilities under the raw model distribution (before temperature,
-top-k and top-p, as vLLM's default `raw_logprobs`), and why it stopped. A request may resume from
+penalties, logit bias, top-k and top-p, as vLLM's default `raw_logprobs`; restricted to what a
+request's grammar allows, where it has one), and why it stopped. A request may resume from
 saved output: its prompt plus the tokens an earlier, reclaimed instance had generated.
 """
 
@@ -35,6 +36,21 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch's generators take (
 INDEX_MAX = (1 << 31) - 1  # counts that become tensor sizes or indices
 
 
+BIAS_MAX = 100.0  # OpenAI's bound on a logit bias
+PENALTY_MAX = 2.0  # OpenAI's bound on the presence and frequency penalties
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar that every sampled token keeps the output inside: xgrammar's EBNF text, which both
+    engines compile (the torch engine with xgrammar, vLLM through its structured outputs). Tokens
+    the grammar does not allow next are masked out before sampling, so no knob can pick them; the
+    output ends when the grammar is complete (with a stop token, where the request has any)."""
+
+    grammar: str
+    what: str = "a grammar"  # what it describes, for messages ("the JSON schema 'weather'")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling knobs, with vLLM's meanings: temperature 0 is greedy, top_k 0 and top_p 1 are off."""
@@ -49,9 +65,21 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (0: off)
     repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and output (1: off)
     top_logprobs: int = 0  # per sampled token, report the raw log-probs of this many likeliest tokens
+    # OpenAI's: subtracted from a token's logit once it is in the output (presence), per time (frequency)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit before sampling)
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
@@ -72,10 +100,28 @@ class SamplingParams:
             raise ValueError(f"top_logprobs must be in [0, {INDEX_MAX}]")
         if not 1 <= self.max_tokens <= INDEX_MAX:
             raise ValueError(f"max_tokens must be in [1, {INDEX_MAX}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -PENALTY_MAX <= getattr(self, name) <= PENALTY_MAX:
+                raise ValueError(f"{name} must be in [-{PENALTY_MAX:g}, {PENALTY_MAX:g}] (0 means off)")
+        for token, bias in self.logit_bias:
+            if not 0 <= token <= INDEX_MAX:
+                raise ValueError(f"logit_bias names token {token}, not a token id")
+            if not (math.isfinite(bias) and -BIAS_MAX <= bias <= BIAS_MAX):
+                raise ValueError(f"logit_bias for token {token} is {bias}; it must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a penalty or a bias changes the logits before sampling."""
+        return bool(
+            self.repetition_penalty != 1.0
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.logit_bias
+        )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 A `Row` is one request in a row of the engine's KV cache, from admission to its sample. It ends
 (`finish_reason`) at a stop token, at a stop string completed by its latest token (the text is cut
-where the string begins, as vLLM cuts it), at `max_tokens` or the context, or when it was aborted.
+where the string begins, as vLLM cuts it), when its grammar is complete (a constrained request's),
+at `max_tokens` or the context, or when it was aborted.
 A resumed request may end before it takes a token (`finished_before`): its resumed tokens may have
 spent the budget already. `Reporter` hands the live rows' new tokens to a partial sink (the rollout
 instance's store) every so often. The engine (`rlsched.engine.torch_engine`) owns the cache and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,6 +53,8 @@ class Row:
     finish: FinishReason = FinishReason.STOP  # set when it finishes
     spans: list[tuple[int, int]] = field(default_factory=list)  # (version, first output token it sampled)
     kv_version: int = 0  # the version its cache's keys and values were computed under
+    matcher: Any = None  # a constrained request's grammar state (`rlsched.engine.grammar`)
+    grammar_ended: bool = False  # its grammar is complete (and took its stop token, if it has any)
 
     @property
     def length(self) -> int:
@@ -80,7 +84,7 @@ def finish_reason(row: Row, context_length: int, take_abort: TakeAbort) -> Finis
     if tok in params.stop_token_ids:
         row.stop_reason = tok
         reason = FinishReason.STOP
-    elif row.detok is not None and hit_stop_string(row, tok):
+    elif (row.detok is not None and hit_stop_string(row, tok)) or row.grammar_ended:
         reason = FinishReason.STOP
     elif len(row.tokens) >= params.max_tokens or row.length >= context_length:
         reason = FinishReason.LENGTH

@@ -10,7 +10,7 @@ the exponential race or `torch.multinomial` would draw one random number per voc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -104,21 +104,37 @@ def select_tokens(logits: torch.Tensor, rows: RowSamplers) -> torch.Tensor:
     return sampled
 
 
-def repetition_penalized(
-    logits: torch.Tensor, penalties: Sequence[float], seen: Iterable[Sequence[int]]
+def adjusted(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    prompts: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
 ) -> torch.Tensor:
-    """The logits with each row's repetition penalty applied to the tokens it has `seen` (its
-    prompt and output), divided where positive, multiplied where negative, as vLLM and transformers
-    do; the log-probs reported stay the raw model's."""
-    if all(p == 1.0 for p in penalties):
+    """The logits each row samples from, in vLLM's order: its logit bias added, then the repetition
+    penalty on the tokens of its prompt and output (dividing positive logits, multiplying negative
+    ones), then OpenAI's frequency and presence penalties on its output's tokens (subtracted per
+    occurrence, and once). A row without any is left as it was; with none anywhere, `logits` itself
+    comes back. The log-probs reported stay the raw model's."""
+    if not any(p.adjusts_logits for p in params):
         return logits
     out = logits.clone()
-    for i, (pen, ids) in enumerate(zip(penalties, seen, strict=True)):
-        if pen != 1.0:
-            tokens = torch.tensor(sorted(set(ids)))
-            vals = out[i, tokens]
-            out[i, tokens] = torch.where(vals > 0, vals / pen, vals * pen)
+    for i, p in enumerate(params):
+        if p.adjusts_logits:
+            _adjust_row(out[i], p, prompts[i], outputs[i])
     return out
+
+
+def _adjust_row(row: torch.Tensor, p: SamplingParams, prompt: Sequence[int], output: Sequence[int]) -> None:
+    if p.logit_bias:
+        ids, bias = zip(*p.logit_bias, strict=True)
+        row.index_add_(0, torch.tensor(ids), torch.tensor(bias, dtype=row.dtype))
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted({*prompt, *output}), dtype=torch.long)
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.frequency_penalty or p.presence_penalty) and output:
+        tokens, counts = torch.tensor(output, dtype=torch.long).unique(return_counts=True)
+        row.index_add_(0, tokens, -(p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty))
 
 
 def top_logprobs(

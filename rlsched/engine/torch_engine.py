@@ -18,7 +18,8 @@ cache; the rest wait in arrival order. Every step:
 Resuming: a request's `resume_ids` (output an earlier attempt generated) are prefilled with its
 prompt; their log-probabilities are recomputed under the current weights from the prefill logits,
 and generation continues after them, counting them against `max_tokens`. Log-probabilities are the
-raw model's (before temperature, top-k and top-p), as vLLM reports them.
+raw model's (before temperature, penalties, logit bias, top-k and top-p), as vLLM reports them;
+a constrained request's are restricted to what its grammar allows (`rlsched.engine.grammar`).
 
 Devices: the engine runs where the model's parameters are (a GPU, if the caller moved it there). The
 cache lives there too; token ids, positions and masks are built on the CPU and moved per forward,
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 
 from rlsched.engine.batch_invariant import make_batch_invariant
+from rlsched.engine.grammar import Grammars, advance
 from rlsched.engine.intake import Intake
 from rlsched.engine.kv_attention import (
     ATTENTION,
@@ -59,7 +61,7 @@ from rlsched.engine.protocol import (
     check_fits,
 )
 from rlsched.engine.rows import Reporter, Row, finish_reason, finished_before, to_sample
-from rlsched.engine.sampling import RowSamplers, repetition_penalized, select_tokens, top_logprobs
+from rlsched.engine.sampling import RowSamplers, adjusted, select_tokens, top_logprobs
 from rlsched.engine.staging import ModelStage
 from rlsched.engine.turns import Turns
 from rlsched.model.checkpoint import checksum, load_state_bytes
@@ -125,6 +127,7 @@ class TorchRolloutEngine:
         self._context = int(cfg.max_position_embeddings)
         self._vocab = int(model.get_input_embeddings().weight.shape[0])
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._grammars = Grammars(tokenizer, self._vocab)  # constrained requests' (`rlsched.engine.grammar`)
         self._dtype = next(model.parameters()).dtype
         self._device = next(model.parameters()).device  # inputs go there; logits come back to the CPU
         self._cache: SlotCache | None = None
@@ -189,6 +192,14 @@ class TorchRolloutEngine:
         bad = [t for t in (*req.prompt_ids, *req.resume_ids) if not 0 <= t < self._vocab]
         if bad:
             raise RequestRejected(f"request {req.request_id}: token ids out of range: {bad[:5]}")
+        biased = [t for t, _ in req.params.logit_bias if t >= self._vocab]
+        if biased:
+            raise RequestRejected(
+                f"request {req.request_id}: logit_bias names token ids the vocabulary of {self._vocab} "
+                f"lacks: {biased[:5]}"
+            )
+        if (c := req.params.constraint) is not None:  # a grammar that does not compile is refused here
+            self._grammars.matcher(c, req.params.stop_token_ids, req.resume_ids)
 
     def generate(
         self,
@@ -464,12 +475,11 @@ class TorchRolloutEngine:
         """Rows `which` of `live` take their next token from `last` [len(which), V]; finished rows
         yield their sample and leave (the last live row moves into the freed cache row)."""
         rows = [live[i] for i in which]
-        samplers = RowSamplers.build(
-            [r.req.params for r in rows], self._generator, [r.generator for r in rows]
-        )
-        penalties = [r.req.params.repetition_penalty for r in rows]
-        seen = ((*r.req.prompt_ids, *r.tokens) for r in rows)  # built only where a penalty applies
-        tokens = select_tokens(repetition_penalized(last, penalties, seen), samplers).tolist()
+        params = [r.req.params for r in rows]
+        self._grammars.mask(last, [r.matcher for r in rows])  # in place: what is logged is masked too
+        samplers = RowSamplers.build(params, self._generator, [r.generator for r in rows])
+        prompts, outputs = [r.req.prompt_ids for r in rows], [r.tokens for r in rows]
+        tokens = select_tokens(adjusted(last, params, prompts, outputs), samplers).tolist()
         picked = last.gather(1, torch.tensor(tokens)[:, None])[:, 0]
         norm = last.logsumexp(-1)
         chosen = (picked - norm).tolist()  # raw log-probs, without a [B, V] log-softmax
@@ -484,6 +494,8 @@ class TorchRolloutEngine:
                 row.spans.append((int(self._ran), len(row.tokens)))
             row.tokens.append(tok)
             row.logprobs.append(lp)
+            if row.matcher is not None:
+                row.grammar_ended = advance(row.matcher, tok)
             events.append(TokenEvent(row.req.request_id, tok, lp, top))
             if finish_reason(row, self.context_length, self._take_abort) is not None:
                 done.append(i)
@@ -517,6 +529,8 @@ class TorchRolloutEngine:
     def _new_row(self, req: GenerationRequest) -> Row:
         gen = torch.Generator().manual_seed(req.params.seed) if req.params.seed is not None else None
         row = Row(req=req, generator=gen, reported=len(req.resume_ids))
+        if (c := req.params.constraint) is not None:
+            row.matcher = self._grammars.matcher(c, req.params.stop_token_ids, req.resume_ids)
         if req.params.stop:
             row.detok = IncrementalDetokenizer(self.tokenizer)
         return row
@@ -528,7 +542,14 @@ class TorchRolloutEngine:
         if n == 0:
             return
         keep = logits.shape[0]
-        pred = logits[keep - 1 - n : keep - 1].log_softmax(-1)
+        pred = logits[keep - 1 - n : keep - 1]
+        if (c := row.req.params.constraint) is not None:  # each position masked as it was sampled
+            pred = pred.clone()
+            replay = self._grammars.matcher(c, row.req.params.stop_token_ids)
+            for j, tok in enumerate(row.req.resume_ids):
+                self._grammars.mask(pred[j : j + 1], [replay])
+                replay.accept_token(tok)
+        pred = pred.log_softmax(-1)
         ids = torch.tensor(row.req.resume_ids)
         row.tokens.extend(row.req.resume_ids)
         row.logprobs.extend(pred.gather(1, ids[:, None])[:, 0].tolist())

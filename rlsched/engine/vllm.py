@@ -48,7 +48,9 @@ from rlsched.engine.protocol import (
     Partial,
     PartialSink,
     RequestId,
+    RequestRejected,
     Sample,
+    SamplingParams,
     TokenEvent,
     WeightVersion,
     check_fits,
@@ -236,6 +238,9 @@ class VllmRolloutEngine:
             enable_prefix_caching=True,
             scheduling_policy="priority",  # the endpoint's `priority`, lower first; then arrival order
             worker_extension_cls="rlsched.engine.vllm_ext.RlschedWeights",
+            # a request's `Constraint` is xgrammar's EBNF (`rlsched.engine.grammar`): the same library
+            # decodes it here, not whichever backend vLLM would pick for a grammar
+            structured_outputs_config={"backend": "xgrammar"},
             **_prefill_chunks(vllm, self._context),
         )
         self._engine = self._call(self._make(AsyncLLM, args))
@@ -289,6 +294,11 @@ class VllmRolloutEngine:
     # -- generation --------------------------------------------------------------------------------
     def check(self, req: GenerationRequest) -> None:
         check_fits(req, self._context)
+        if req.params.constraint is not None and req.resume_ids:
+            raise RequestRejected(
+                f"request {req.request_id}: vLLM starts a grammar at the first output token, so a "
+                "constrained request cannot resume from saved output here; run it again from its prompt"
+            )
 
     def generate(
         self,
@@ -351,9 +361,23 @@ class VllmRolloutEngine:
             logprobs=p.top_logprobs,
             min_p=p.min_p,
             repetition_penalty=p.repetition_penalty,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            logit_bias=dict(p.logit_bias) or None,
+            structured_outputs=self._structured(p),
             prompt_logprobs=0 if req.resume_ids else None,
             detokenize=bool(p.stop),
         )
+
+    def _structured(self, p: SamplingParams) -> Any:
+        """vLLM's structured outputs for a constrained request: its grammar masks the logits before
+        the sampler computes the raw log-probs, so those are the masked distribution's, as the torch
+        engine records them (`tests/vllm/test_constrained_vllm.py`)."""
+        if p.constraint is None:
+            return None
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return StructuredOutputsParams(grammar=p.constraint.grammar)
 
     async def _run(self, req: GenerationRequest, done: queue.Queue[Sample | BaseException]) -> None:
         from vllm.inputs import TokensPrompt

@@ -42,8 +42,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlsched.config import EndpointConfig
 from rlsched.engine.protocol import (
+    Constraint,
     SamplingParams,
 )
+from rlsched.serve.constraints import ConstraintError, chat_constraint
 from rlsched.serve.episodes import EpisodeError, continue_prompt
 from rlsched.serve.errors import ApiError, validation_error
 from rlsched.serve.limits import BodyLimit
@@ -153,7 +155,10 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             )
 
     def sampling(
-        req: ChatCompletionRequest | CompletionRequest, prompt_len: int, default_budget: int | None
+        req: ChatCompletionRequest | CompletionRequest,
+        prompt_len: int,
+        default_budget: int | None,
+        constraint: Constraint | None = None,
     ) -> list[SamplingParams]:
         context = served.backend.context_length
         room = context - prompt_len
@@ -188,6 +193,10 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
                 top_k=max(req.top_k, 0),
                 min_p=req.min_p,
                 repetition_penalty=req.repetition_penalty,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                logit_bias=req.biases,
+                constraint=constraint,
                 max_tokens=budget,
                 seed=None if req.seed is None else req.seed + i,
                 stop=req.stops,
@@ -231,11 +240,12 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         tools: bool,
         forced: str = "",
         capture: Capture | None = None,
+        constraint: Constraint | None = None,
     ) -> tuple[Run, str]:
         client = req.user or authorize(request)
         admit(client)
         default = None if isinstance(req, ChatCompletionRequest) else 16
-        params = sampling(req, len(prompt), default)
+        params = sampling(req, len(prompt), default, constraint)
         run = Run(served, prompt, params, req.priority, logprobs, tools, cfg.timeout_s, forced)
         run.capture = capture
         run.submit()
@@ -369,8 +379,20 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
             raise ApiError(400, str(err), param="messages") from None
         tools = bool(body.tools) and body.tool_choice != "none"
         forced = forced_prefix(body)
+        try:
+            constraint = await off_loop(chat_constraint, body) if body.constrained else None
+        except ConstraintError as err:
+            param = "response_format" if body.response_format is not None else "tools"
+            raise ApiError(400, str(err), param=param) from None
         run, client = await start(
-            body, request, prompt, logprobs=body.logprobs, tools=tools, forced=forced, capture=capture
+            body,
+            request,
+            prompt,
+            logprobs=body.logprobs,
+            tools=tools,
+            forced=forced,
+            capture=capture,
+            constraint=constraint,
         )
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -3,8 +3,8 @@ and nothing else.
 
 Every model forbids fields it does not know, so a typo or a field from a newer API is refused with
 400 naming it rather than ignored. Fields the OpenAI API has but this server does not implement
-(`NOT_IMPLEMENTED`) are refused the same way unless they carry their no-op value (a
-`frequency_penalty` of 0 is accepted; 0.5 is not). Fields that change nothing for a model served
+(`NOT_IMPLEMENTED`) are refused the same way unless they carry their no-op value (an `echo` of
+false is accepted; true is not). Fields that change nothing for a model served
 here (`IGNORED`: `store`, `metadata`, `service_tier`) are accepted, type-checked and ignored, as vLLM
 does: agent frameworks send them by default. Messages accept what the `openai` client sends
 back when an agent appends a response's message to its history (`refusal`, `annotations`, ... as
@@ -23,10 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # OpenAI fields that are refused unless at their no-op value (None, or the value given here)
 NOT_IMPLEMENTED: dict[str, object] = {
-    "logit_bias": None,
-    "response_format": None,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
     "functions": None,
     "function_call": None,
     "audio": None,
@@ -134,6 +130,29 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    """`text`, `json_object` (any JSON object) or `json_schema` (JSON that validates against it),
+    decoded under a grammar (`rlsched.serve.constraints`)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("response_format needs json_schema exactly when its type is 'json_schema'")
+        return self
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -170,14 +189,28 @@ class _Sampling(_Strict):
     priority: int = 0
     return_token_ids: bool = False
     ignore_eos: bool = False
-    # every OpenAI field this server does not implement, refused unless at its no-op value
+    # OpenAI's penalties on the output's tokens, and biases by token id (a string, as JSON keys are)
     logit_bias: dict[str, float] | None = None
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = Field(0.0, ge=-2, le=2)
+    presence_penalty: float | None = Field(0.0, ge=-2, le=2)
     # OpenAI's fields that change nothing here (`IGNORED`)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdigit() or int(key) > INDEX_MAX:
+                raise ValueError(f"logit_bias keys are token ids (as strings); {key!r} is not one")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias for token {key} is {value}; it must be in [-100, 100]")
+        return bias
+
+    @property
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -206,8 +239,8 @@ class ChatCompletionRequest(_Sampling):
     episode_id: str | None = None
     group_id: str | None = None
     reference: str | None = None  # what a job's verifier judges the episode's final answer against
+    response_format: ResponseFormat | None = None
     # refused unless at their no-op value (see NOT_IMPLEMENTED)
-    response_format: dict[str, Any] | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
@@ -219,6 +252,12 @@ class ChatCompletionRequest(_Sampling):
     @property
     def budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the reply is decoded under a grammar: a forced tool call, or a JSON response."""
+        forced = bool(self.tools) and self.tool_choice not in (None, "none", "auto")
+        return forced or (self.response_format is not None and self.response_format.type != "text")
 
     @model_validator(mode="after")
     def _tool_choice_needs_tools(self) -> ChatCompletionRequest:

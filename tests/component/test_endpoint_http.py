@@ -104,8 +104,11 @@ def test_a_body_that_is_not_json_is_a_400(http: httpx.Client, content: bytes, wh
     ("body", "param", "words"),
     [
         (chat(frobnicate=1), "frobnicate", "unknown field"),
-        (chat(logit_bias={"5": 1.0}), "logit_bias", "not implemented"),
-        (chat(response_format={"type": "json_object"}), "response_format", "not implemented"),
+        (chat(logit_bias={"five": 1.0}), "logit_bias", "are token ids"),
+        (chat(logit_bias={"5": 101}), "logit_bias", "[-100, 100]"),
+        (chat(frequency_penalty=2.5), "frequency_penalty", "less than or equal to 2"),
+        (chat(response_format={"type": "json_schema"}), "response_format", "needs json_schema"),
+        (chat(response_format={"type": "yaml"}), "response_format.type", "Input should be"),
         (chat(temperature="hot"), "temperature", "valid number"),
         (chat(max_tokens=-3), "max_tokens", "greater than or equal to 1"),
         (chat(n="four"), "n", "valid integer"),

