@@ -38,6 +38,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlsched.config import EndpointConfig
@@ -50,6 +51,7 @@ from rlsched.serve.episodes import EpisodeError, continue_prompt
 from rlsched.serve.errors import ApiError, validation_error
 from rlsched.serve.limits import BodyLimit
 from rlsched.serve.prompts import PromptError, chat_prompt, completion_prompt, forced_prefix, render_chat
+from rlsched.serve.responses import ResponsesRequest, response_body, response_events, to_chat
 from rlsched.serve.run import (
     Capture,
     Run,
@@ -353,8 +355,9 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
+    async def chat_run(body: ChatCompletionRequest, request: Request) -> tuple[Run, str]:
+        """A chat request templated, constrained and submitted (both the chat and the responses
+        routes run one)."""
         authorize(request)
         check_model(body.model)
         episode_id = body.episode_id or request.headers.get("x-episode-id")
@@ -378,22 +381,25 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         except PromptError as err:
             raise ApiError(400, str(err), param="messages") from None
         tools = bool(body.tools) and body.tool_choice != "none"
-        forced = forced_prefix(body)
         try:
             constraint = await off_loop(chat_constraint, body) if body.constrained else None
         except ConstraintError as err:
             param = "response_format" if body.response_format is not None else "tools"
             raise ApiError(400, str(err), param=param) from None
-        run, client = await start(
+        return await start(
             body,
             request,
             prompt,
             logprobs=body.logprobs,
             tools=tools,
-            forced=forced,
+            forced=forced_prefix(body),
             capture=capture,
             constraint=constraint,
         )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
+        run, client = await chat_run(body, request)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chunks = chat_chunks(run, include_usage, body.return_token_ids)
@@ -403,6 +409,23 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
         finally:
             done(run, client, "/v1/chat/completions")
         return chat_response(run, body.return_token_ids)
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(body: ResponsesRequest, request: Request) -> Any:
+        try:
+            chat_body = to_chat(body)
+        except ValidationError as err:
+            raise validation_error(RequestValidationError(err.errors())) from None
+        run, client = await chat_run(chat_body, request)
+        if body.stream:
+            events = response_events(run, body)
+            finish = lambda: done(run, client, "/v1/responses")  # noqa: E731
+            return _sse(events, run, finish, metrics, responses=True)
+        try:
+            await run_to_end(run, request)
+        finally:
+            done(run, client, "/v1/responses")
+        return response_body(run, body)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -430,11 +453,16 @@ def build_app(served: Served, cfg: EndpointConfig) -> FastAPI:
 
 
 def _sse(
-    chunks: AsyncIterator[str], run: Run, on_done: Callable[[], None], metrics: _Metrics
+    chunks: AsyncIterator[str],
+    run: Run,
+    on_done: Callable[[], None],
+    metrics: _Metrics,
+    responses: bool = False,
 ) -> StreamingResponse:
-    """The chunks as server-sent events, then `data: [DONE]`. A client that goes away cancels the
-    stream (Starlette watches for the disconnect), which aborts the generations; an error after the
-    stream began (the timeout) is sent as an event with OpenAI's error body."""
+    """The chunks as server-sent events, then `data: [DONE]` (not on the Responses API, whose stream
+    ends with its `response.completed` event). A client that goes away cancels the stream (Starlette
+    watches for the disconnect), which aborts the generations; an error after the stream began (the
+    timeout) is sent as an event with OpenAI's error body (the Responses API's `error` event)."""
 
     async def body() -> AsyncIterator[str]:
         completed = False
@@ -443,13 +471,13 @@ def _sse(
                 yield text
             completed = True
         except ApiError as err:
-            yield event(
-                {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
-            )
+            error = {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}
+            yield event({"type": "error", **error} if responses else {"error": error})
         finally:
             if not completed and run.cancel():
                 metrics.aborted.inc()
             on_done()
-        yield "data: [DONE]\n\n"
+        if not responses:
+            yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
