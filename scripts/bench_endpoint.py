@@ -33,6 +33,9 @@ instance (a job's endpoint on vLLM) against that instance's `complete`; the flee
 given against the in-process endpoint, run beside it. It writes bench_endpoint_vllm.json and skips the
 429 and disconnect checks, which are the app's and run with the torch engine.
 
+`--grammar` measures what constrained decoding costs instead (`scripts/_bench_grammar.py`: tokens/s
+and TTFT at batch 1, 8 and 32, with and without a JSON schema) and writes bench_endpoint_grammar.json.
+
 `--abuse` runs the hostile flood of `scripts/_abuse.py` instead (out-of-range seeds, 20 MB bodies,
 non-finite rewards, 200 streams that are never read) and writes bench_endpoint_abuse.json.
 """
@@ -40,9 +43,6 @@ non-finite rewards, 200 streams that are never read) and writes bench_endpoint_a
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import multiprocessing as mp
 import platform
 import statistics
 import threading
@@ -55,6 +55,8 @@ import torch
 import uvicorn
 from _abuse import abuse
 from _bench import parser, table, write
+from _bench_grammar import grammar_run
+from _streams import body, messages, run_clients, stream_load
 
 from rlsched.config import EndpointConfig
 from rlsched.engine.protocol import GenerationRequest, RequestId, SamplingParams
@@ -64,100 +66,6 @@ from rlsched.serve.app import build_app
 from rlsched.serve.server import Running, local_served, start
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEM = "You are a helpful assistant. Answer in full sentences."
-TOPICS = [
-    "rivers",
-    "bread",
-    "stars",
-    "trains",
-    "honey",
-    "glass",
-    "maps",
-    "clocks",
-    "salt",
-    "tides",
-    "moss",
-    "kites",
-]
-
-
-def messages(i: int) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"Question {i}: tell me something about {TOPICS[i % len(TOPICS)]}."},
-    ]
-
-
-def body(i: int, tokens: int, seed: int, model: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": messages(i),
-        "max_tokens": tokens,
-        "temperature": 1.0,
-        "seed": seed + i,
-        "ignore_eos": True,
-        "stream": True,
-    }
-
-
-# -- the clients (a separate process) -------------------------------------------------------------------
-
-
-async def _one(client: httpx.AsyncClient, payload: dict[str, Any]) -> dict[str, Any]:
-    sent = time.perf_counter()
-    arrivals: list[float] = []
-    async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
-            return {"status": resp.status_code, "retry_after": resp.headers.get("retry-after")}
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                arrivals.append(time.perf_counter())
-    return {"status": 200, "sent": sent, "arrivals": arrivals, "done": time.perf_counter()}
-
-
-async def _many(url: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    limits = httpx.Limits(max_connections=len(payloads) + 8, max_keepalive_connections=len(payloads) + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        return list(await asyncio.gather(*(_one(client, p) for p in payloads)))
-
-
-async def _leave_early(url: str, payloads: list[dict[str, Any]], events: int) -> int:
-    async def one(client: httpx.AsyncClient, payload: dict[str, Any]) -> int:
-        async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
-            seen = 0
-            async for _ in resp.aiter_lines():
-                seen += 1
-                if seen >= events:
-                    break
-            return resp.status_code
-
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        codes = await asyncio.gather(*(one(client, p) for p in payloads))
-    return sum(c == 200 for c in codes)
-
-
-def _clients(job: tuple[str, str, list[dict[str, Any]]], out: Any) -> None:
-    kind, url, payloads = job
-    if kind == "stream":
-        out.put(asyncio.run(_many(url, payloads)))
-    else:
-        out.put(asyncio.run(_leave_early(url, payloads, 3)))
-
-
-def run_clients(kind: str, url: str, payloads: list[dict[str, Any]]) -> Any:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_clients, args=((kind, url, payloads), out))
-    proc.start()
-    result = out.get()
-    proc.join()
-    return result
-
-
 # -- the measurements ---------------------------------------------------------------------------------------
 
 
@@ -196,28 +104,6 @@ def paired(running: Running, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def endpoint(running: Running, n: int, tokens: int, seed: int) -> dict[str, Any]:
     return stream_load(f"http://{running.host}:{running.port}", running.served.model_name, n, tokens, seed)
-
-
-def stream_load(url: str, model: str, n: int, tokens: int, seed: int) -> dict[str, Any]:
-    payloads = [body(i, tokens, seed, model) for i in range(n)]
-    results = run_clients("stream", url, payloads)
-    ok = [r for r in results if r["status"] == 200]
-    first = min(r["sent"] for r in ok)
-    last = max(r["done"] for r in ok)
-    ttft = [r["arrivals"][0] - r["sent"] for r in ok if r["arrivals"]]
-    gaps = [b - a for r in ok for a, b in zip(r["arrivals"], r["arrivals"][1:], strict=False)]
-    produced = n * tokens
-    wall = last - first
-    return {
-        "ok": len(ok),
-        "wall_s": wall,
-        "tokens": produced,
-        "tokens_per_s": produced / wall,
-        "ttft_p50_s": _pct(ttft, 50),
-        "ttft_p99_s": _pct(ttft, 99),
-        "itl_p50_s": _pct(gaps, 50),
-        "itl_p99_s": _pct(gaps, 99),
-    }
 
 
 def refusals(running: Running, n: int, max_waiting: int) -> dict[str, Any]:
@@ -312,13 +198,6 @@ def _aborted(url: str) -> float:
     return 0.0
 
 
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
-
-
 def abuse_run(args: argparse.Namespace) -> None:
     """`--abuse`: the flood of `scripts/_abuse.py` against an endpoint on the checkpoint."""
     served = local_served(args.checkpoint, model_name="smollm2", max_batch=args.clients)
@@ -373,11 +252,19 @@ def main() -> None:
     ap.add_argument(
         "--engine", choices=["torch", "vllm"], default="torch", help="vllm: run in .venv-vllm (above)"
     )
+    ap.add_argument(
+        "--grammar",
+        action="store_true",
+        help="constrained decoding's cost instead (scripts/_bench_grammar.py)",
+    )
     args = ap.parse_args()
     if not args.checkpoint.is_dir():
         raise SystemExit(f"{args.checkpoint} is missing: run `make model-smollm2` first")
     if args.abuse:
         abuse_run(args)
+        return
+    if args.grammar:
+        grammar_run(args)
         return
     if args.engine == "vllm":
         vllm_run(args)

@@ -501,6 +501,12 @@ class TorchRolloutEngine:
                 done.append(i)
         if self._events is not None and events:
             self._events(events)
+        ended = set(done)
+        going = [
+            r.matcher for i, r in zip(which, rows, strict=True) if r.matcher is not None and i not in ended
+        ]
+        if going:  # their next masks, filled beside the next forward
+            self._grammars.prefetch(going)
         for i in sorted(done, reverse=True):
             row = live[i]
             if self.prefix_cache is not None and row.kv_version == self._version:  # the next turn starts so

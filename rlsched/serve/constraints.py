@@ -95,8 +95,21 @@ def response_constraint(req: ChatCompletionRequest) -> Constraint | None:
     return Constraint(str(json_grammar(fmt.json_schema.schema_, what)), what)
 
 
+_MADE: dict[str, Constraint | None] = {}  # by the fields that decide it, the oldest first
+_KEEP = 256
+_DECIDING = {"tools", "tool_choice", "parallel_tool_calls", "response_format"}
+
+
 def chat_constraint(req: ChatCompletionRequest) -> Constraint | None:
     """A chat request's constraint: its forced tool call's (the reply is a call, never the text a
-    `response_format` shapes), else its response format's."""
+    `response_format` shapes), else its response format's. Agents send the same tools and schema
+    request after request: the last `_KEEP` are kept by the fields that decide them."""
+    key = req.model_dump_json(include=_DECIDING)
+    if key in _MADE:
+        return _MADE[key]
     forced = tool_call_constraint(req)
-    return forced if forced is not None else response_constraint(req)
+    made = forced if forced is not None else response_constraint(req)
+    _MADE[key] = made
+    if len(_MADE) > _KEEP:
+        del _MADE[next(iter(_MADE))]
+    return made

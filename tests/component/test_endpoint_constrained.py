@@ -217,3 +217,30 @@ def test_recorded_logprobs_are_the_masked_distribution_and_a_bias_cannot_leave_t
     resumed = _one(engine, prompt, greedy, resume_ids=whole.token_ids[:5])
     assert resumed.token_ids == whole.token_ids
     assert resumed.logprobs == pytest.approx(whole.logprobs, abs=1e-4)
+
+
+def test_constrained_rows_that_join_and_leave_a_running_batch_keep_their_grammar(random_dir: Path) -> None:
+    """Three rows at a time, eight requests: constrained and free ones alternate, rows finish and
+    newcomers take their places (the masks filled ahead, during the forward, follow their matchers,
+    not the rows' positions); every constrained sample validates and reports its masked log-probs."""
+    ck = _load(random_dir)
+    engine = TorchRolloutEngine(_load(random_dir).model, ck.tokenizer, max_batch=3, seed=1)
+    constraint = Constraint(str(json_grammar(WEATHER, "weather")), "weather")
+    stop = (ck.tokenizer.eos_token_id,)
+    reqs = [
+        GenerationRequest(
+            RequestId(f"r{i}"),
+            tuple(ck.tokenizer.encode(f"Request {i}:")),
+            SamplingParams(
+                temperature=1.0, seed=i, max_tokens=80 if i % 2 == 0 else 3 + i, stop_token_ids=stop,
+                constraint=constraint if i % 2 == 0 else None,
+            ),
+        )
+        for i in range(8)
+    ]  # fmt: skip
+    samples = {s.request_id: s for s in engine.generate(reqs)}
+    for req in reqs[::2]:
+        s = samples[req.request_id]
+        jsonschema.validate(json.loads(ck.tokenizer.decode(s.token_ids[:-1])), WEATHER)
+        want = _masked_logprobs(ck, constraint, list(req.prompt_ids), list(s.token_ids))
+        assert s.logprobs == pytest.approx(want, abs=1e-4)
