@@ -166,7 +166,7 @@ def main() -> None:
                 "concurrency": args.concurrency,
                 "temperature": 0.7,
                 "max_tokens": f"the schema's length bound + 4, at most {MAX_TOKENS}",
-            },  # fmt: skip
+            },
             "seed": args.seed,
             "machine": {"cpu": platform.processor() or platform.machine()},
             "goal": {"finished_share": 0.9, "valid_share_of_finished": 1.0},
