@@ -241,11 +241,31 @@ def behaviour(test: Callable[[Subject], None]) -> Callable[[Subject], None]:
     return test
 
 
+VLLM_ON: dict[str, tuple[str, ...]] = {}  # tests vLLM runs on these checkpoints only (`vllm_on`)
+
+
+def vllm_on(*checkpoints: str) -> Callable[[Callable[[Subject], None]], Callable[[Subject], None]]:
+    """A behaviour test that vLLM runs on `checkpoints` only: one whose vLLM side is the engine's
+    request handling (a grammar, the sampling knobs), which the architecture does not change, so the
+    tiny families add only their engine's seconds to `make test-vllm`."""
+
+    def mark(test: Callable[[Subject], None]) -> Callable[[Subject], None]:
+        VLLM_ON[test.__name__] = checkpoints
+        return test
+
+    return mark
+
+
 def _subjects(test: Callable[..., object]) -> list[tuple[str, str]]:
     every = [(e, c) for c in CHECKPOINTS for e in ENGINES]
     if test.__name__ not in BEHAVIOUR:
         return every
-    return [(e, c) for e, c in every if c != "smollm2" or e == "vllm"]
+    only = VLLM_ON.get(test.__name__)
+    return [
+        (e, c)
+        for e, c in every
+        if (c != "smollm2" or e == "vllm") and (e != "vllm" or only is None or c in only)
+    ]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -512,6 +532,7 @@ def assert_greedy_under(subject: Subject, s: Sample, ref: Forced) -> float:
 
 
 @behaviour
+@vllm_on("base", "smollm2")
 def test_a_constrained_sample_fits_its_grammar_and_reports_the_masked_distribution(subject: Subject) -> None:
     """Greedy under a JSON schema: every sample is JSON that validates, it ends at a stop token when
     the grammar is complete, and its log-probs are the reference's masked ones (more than the raw
@@ -534,6 +555,7 @@ def test_a_constrained_sample_fits_its_grammar_and_reports_the_masked_distributi
 
 
 @behaviour
+@vllm_on("base", "smollm2")
 def test_penalties_and_logit_bias_follow_openais_definition(subject: Subject) -> None:
     """Greedy with a logit bias, a repetition penalty and OpenAI's frequency and presence penalties:
     each token is the reference's choice after the same adjustments (applied here from the
