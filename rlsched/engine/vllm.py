@@ -37,7 +37,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -309,11 +308,13 @@ class VllmRolloutEngine:
         for req in requests:
             self.check(req)
         done: queue.Queue[Sample | BaseException] = queue.Queue()
-        futures: list[Future[None]] = []
-        for req in requests:
-            with self._lock:
+        with self._lock:
+            for req in requests:
                 self._live[req.request_id] = _Live(req)
-            futures.append(asyncio.run_coroutine_threadsafe(self._run(req, done), self._loop))
+        # one call onto vLLM's loop starts them all, in order: they reach the engine together, not
+        # one at a time as this thread and that loop take turns (under load, a short request sent
+        # second once reached the engine after a 60-token one sent first had finished)
+        tasks = self._call(self._start(requests, done))
         left, last_report = len(requests), time.monotonic()
         try:
             while left:
@@ -331,8 +332,13 @@ class VllmRolloutEngine:
                 left -= 1
                 yield got
         finally:
-            for f in futures:
-                f.cancel()
+            for task in tasks:
+                self._loop.call_soon_threadsafe(task.cancel)
+
+    async def _start(
+        self, requests: Sequence[GenerationRequest], done: queue.Queue[Sample | BaseException]
+    ) -> list[asyncio.Task[None]]:
+        return [asyncio.ensure_future(self._run(req, done)) for req in requests]
 
     def _report(self, sink: PartialSink) -> None:
         with self._lock:
