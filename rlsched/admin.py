@@ -1,26 +1,33 @@
 """The cluster admin's file (`configs/admin/*.yaml`): priority classes, queues with quotas, cohorts
-to borrow within, preemption rules, fairness, and a reserve for latency-sensitive classes; typed and
-validated once like every config, and described in plain words by `rlsched admin check FILE`.
+to borrow within, preemption rules, fairness, reservations and a reserve for latency-sensitive
+classes; typed and validated once like every config, and described in plain words by
+`rlsched admin check FILE`.
 
-Checks that span the file (each names its field and the fix): a queue's cohort and a cohort's
-parent must exist and cohorts must not form a cycle; every priority class named (a queue's default,
-the reserve's classes) must be defined; borrowing needs a cohort; with a node inventory, no quota or
-reserve may exceed what the cluster has, and the nominal quotas together may not promise more than
-it has (a queue must always be able to get its nominal back). A class that may wait less than the
-longest grace period of preemptible work cannot count on preemption to free capacity in time
-(SPEC section 5: an online class that may wait 2 s cannot rely on capacity lent to a job that needs
-30 s to save), so it must be served by the reserve.
+Problems (`problems`: the file is refused, every problem at once, each naming its field and the
+fix): a queue's cohort, a cohort's parent or a class named by a queue or the reserve that is not
+defined; borrowing without a cohort; a cycle of cohorts; with a node inventory, a quota or reserve
+larger than the cluster, and nominal quotas that together promise more than it has (a queue must
+always be able to get its nominal back); a class that may wait less than the longest grace period
+of preemptible work unless the reserve serves it (SPEC section 5: an online class that may wait 2 s
+cannot rely on capacity lent to a job that needs 30 s to save).
+
+Warnings (`warnings`: the file is valid, but the scheduler does less than it seems to promise):
+capacity in no queue's nominal quota nor the reserve (nobody can ever use it: a queue borrows only
+what others leave idle of their nominal); a borrowing limit larger than the queue's cohort can ever
+lend; a reserve resource that no queue of the reserve's classes can ever get.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from rlsched.config_load import Section, load_tree
+from rlsched.config_load import Section, format_validation_error, load_tree, read_yaml
+from rlsched.errors import UserError
 from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams, RequeueParams
 
 
@@ -31,7 +38,15 @@ class PriorityClass(Section):
     min_run_s: float = Field(
         0.0, ge=0, description="runs at least this long before it may be preempted again"
     )
-    max_wait_s: float | None = Field(None, gt=0, description="the starvation bound: admitted within this")
+    max_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="the starvation bound: past it, a job reserves what it needs from when the running "
+        "jobs' walltimes free it, and the others start around the reservation (backfill)",
+    )
+    walltime_s: float = Field(
+        86400.0, gt=0, description="a job's expected run time when it declares none (run.walltime_s)"
+    )
 
 
 class Queue(Section):
@@ -94,11 +109,28 @@ class FairnessPolicy(StrEnum):
 class Fairness(Section):
     policy: FairnessPolicy = Field(
         FairnessPolicy.DRF,
-        description="drf (dominant resource fairness over the queues' weighted shares) or "
-        "priority (class order alone)",
+        description="drf (within a priority, the queue with the smallest weighted dominant share first) "
+        "or fifo (priority, then arrival order)",
     )
     usage_half_life_s: float | None = Field(
         None, gt=0, description="weigh decayed past usage too (unset: current allocation only)"
+    )
+
+
+class Reservations(Section):
+    """How reservations treat a job that runs past its walltime (`rlsched.policy.reservation`)."""
+
+    overrun_grace_s: float = Field(
+        600.0,
+        gt=0,
+        description="a job past its walltime is expected to end within this; each time it runs past "
+        "that, the reservations waiting for it move this much later",
+    )
+    max_jobs: int = Field(
+        8,
+        ge=1,
+        description="jobs past their maximum wait that hold a reservation at once (the longest-waiting "
+        "first; the others wait their turn, as Slurm's bf_max_job_test bounds its backfill pass)",
     )
 
 
@@ -127,6 +159,7 @@ class AdminConfig(Section):
     preemption: PreemptionRules = PreemptionRules()
     requeue: RequeueRules = RequeueRules()
     fairness: Fairness = Fairness()
+    reservations: Reservations = Reservations()
     reserve: Reserve | None = None
 
     def capacity(self) -> dict[str, float]:
@@ -137,89 +170,168 @@ class AdminConfig(Section):
         return total
 
     @model_validator(mode="after")
-    def _references(self) -> AdminConfig:
-        for name, q in self.queues.items():
-            if q.cohort is not None and q.cohort not in self.cohorts:
-                raise ValueError(
-                    f"queues.{name}.cohort {q.cohort!r} is not defined in cohorts ({_listed(self.cohorts)})"
-                )
-            if q.default_priority is not None and q.default_priority not in self.priority_classes:
-                raise ValueError(
-                    f"queues.{name}.default_priority {q.default_priority!r} is not a defined priority class "
-                    f"({_listed(self.priority_classes)})"
-                )
-            if q.borrowing_limit and q.cohort is None:
-                raise ValueError(f"queues.{name}.borrowing_limit needs a cohort to borrow within")
-        for name, c in self.cohorts.items():
-            if c.parent is not None and c.parent not in self.cohorts:
-                raise ValueError(
-                    f"cohorts.{name}.parent {c.parent!r} is not defined ({_listed(self.cohorts)})"
-                )
-        cycle = _cohort_cycle(self.cohorts)
-        if cycle:
-            raise ValueError(
-                f"cohorts form a cycle: {' -> '.join(cycle)}; a cohort's parents must end at a root"
+    def _consistent(self) -> AdminConfig:
+        found = problems(self)
+        if len(found) == 1:
+            raise ValueError(found[0])
+        if found:
+            raise ValueError(f"{len(found)} problems:\n" + "\n".join(f"    - {p}" for p in found))
+        return self
+
+
+# -- checks: `problems` make a file invalid, `warnings` are what a valid one cannot do ---------------
+
+
+def problems(cfg: AdminConfig) -> list[str]:
+    """Everything that makes the file invalid (see the module docstring)."""
+    return [*_references(cfg), *_fits_the_cluster(cfg), *_reserve_covers_the_impatient(cfg)]
+
+
+def _references(cfg: AdminConfig) -> list[str]:
+    out = []
+    for name, q in cfg.queues.items():
+        if q.cohort is not None and q.cohort not in cfg.cohorts:
+            out.append(
+                f"queues.{name}.cohort {q.cohort!r} is not defined in cohorts ({_listed(cfg.cohorts)})"
             )
-        if self.reserve is not None:
-            unknown = [c for c in self.reserve.classes if c not in self.priority_classes]
-            if unknown:
-                raise ValueError(
-                    f"reserve.classes names {unknown[0]!r}, which is not a defined priority class "
-                    f"({_listed(self.priority_classes)})"
+        if q.default_priority is not None and q.default_priority not in cfg.priority_classes:
+            out.append(
+                f"queues.{name}.default_priority {q.default_priority!r} is not a defined priority class "
+                f"({_listed(cfg.priority_classes)})"
+            )
+        if q.borrowing_limit and q.cohort is None:
+            out.append(f"queues.{name}.borrowing_limit needs a cohort to borrow within")
+    for name, c in cfg.cohorts.items():
+        if c.parent is not None and c.parent not in cfg.cohorts:
+            out.append(f"cohorts.{name}.parent {c.parent!r} is not defined ({_listed(cfg.cohorts)})")
+    cycle = cohort_cycle(cfg.cohorts)
+    if cycle:
+        out.append(f"cohorts form a cycle: {' -> '.join(cycle)}; a cohort's parents must end at a root")
+    if cfg.reserve is not None:
+        for cls in cfg.reserve.classes:
+            if cls not in cfg.priority_classes:
+                out.append(
+                    f"reserve.classes names {cls!r}, which is not a defined priority class "
+                    f"({_listed(cfg.priority_classes)})"
                 )
-        return self
+    return out
 
-    @model_validator(mode="after")
-    def _fits_the_cluster(self) -> AdminConfig:
-        if not self.nodes:
-            return self
-        have = self.capacity()
-        for name, q in self.queues.items():
-            for k, v in q.nominal.items():
-                if v > have.get(k, 0.0):
-                    raise ValueError(
-                        f"queues.{name}.nominal.{k} is {v:g} but the cluster has {have.get(k, 0.0):g} {k}; "
-                        "lower the quota or add nodes"
-                    )
-        promised: dict[str, float] = {}
-        for q in self.queues.values():
-            for k, v in q.nominal.items():
-                promised[k] = promised.get(k, 0.0) + v
-        reserved = self.reserve.resources if self.reserve else {}
-        for k, v in promised.items():
-            if v + reserved.get(k, 0.0) > have.get(k, 0.0):
-                raise ValueError(
-                    f"the nominal quotas promise {v:g} {k} (plus {reserved.get(k, 0.0):g} reserved) but the "
-                    f"cluster has {have.get(k, 0.0):g}; nominal quota must always be reclaimable"
-                )
-        for k, v in reserved.items():
+
+def _fits_the_cluster(cfg: AdminConfig) -> list[str]:
+    if not cfg.nodes:
+        return []
+    out = []
+    have = cfg.capacity()
+    for name, q in cfg.queues.items():
+        for k, v in q.nominal.items():
             if v > have.get(k, 0.0):
-                raise ValueError(f"reserve.resources.{k} is {v:g} but the cluster has {have.get(k, 0.0):g}")
-        return self
-
-    @model_validator(mode="after")
-    def _reserve_covers_the_impatient(self) -> AdminConfig:
-        grace = max((c.grace_s for c in self.priority_classes.values() if c.preemptible), default=0.0)
-        slowest = next(
-            (n for n, c in self.priority_classes.items() if c.preemptible and c.grace_s == grace), None
-        )
-        served = set(self.reserve.classes) if self.reserve else set()
-        for name, c in self.priority_classes.items():
-            if c.max_wait_s is not None and c.max_wait_s < grace and name not in served:
-                raise ValueError(
-                    f"priority_classes.{name} may wait at most {c.max_wait_s:g} s, but preemptible work "
-                    f"needs up to {grace:g} s to save (class {slowest}): preemption cannot free capacity "
-                    "in time. "
-                    f"List {name} in reserve.classes with a reserve sized for its jobs"
+                out.append(
+                    f"queues.{name}.nominal.{k} is {v:g} but the cluster has {have.get(k, 0.0):g} {k}; "
+                    "lower the quota or add nodes"
                 )
-        return self
+    promised = _total(q.nominal for q in cfg.queues.values())
+    reserved = cfg.reserve.resources if cfg.reserve else {}
+    for k, v in promised.items():
+        if v + reserved.get(k, 0.0) > have.get(k, 0.0) + 1e-6:
+            out.append(
+                f"the nominal quotas promise {v:g} {k} (plus {reserved.get(k, 0.0):g} reserved) but the "
+                f"cluster has {have.get(k, 0.0):g}; nominal quota must always be reclaimable"
+            )
+    for k, v in reserved.items():
+        if v > have.get(k, 0.0):
+            out.append(f"reserve.resources.{k} is {v:g} but the cluster has {have.get(k, 0.0):g}")
+    return out
 
 
-def _listed(names: Iterable[str]) -> str:
-    return ", ".join(sorted(names)) or "none"
+def _reserve_covers_the_impatient(cfg: AdminConfig) -> list[str]:
+    classes = cfg.priority_classes
+    grace = max((c.grace_s for c in classes.values() if c.preemptible), default=0.0)
+    slowest = next((n for n, c in classes.items() if c.preemptible and c.grace_s == grace), None)
+    served = set(cfg.reserve.classes) if cfg.reserve else set()
+    return [
+        f"priority_classes.{name} may wait at most {c.max_wait_s:g} s, but preemptible work needs up to "
+        f"{grace:g} s to save (class {slowest}): preemption cannot free capacity in time. List {name} in "
+        "reserve.classes with a reserve sized for its jobs"
+        for name, c in classes.items()
+        if c.max_wait_s is not None and c.max_wait_s < grace and name not in served
+    ]
 
 
-def _cohort_cycle(cohorts: dict[str, Cohort]) -> list[str]:
+def warnings(cfg: AdminConfig) -> list[str]:
+    """Settings a valid file accepts that cannot do what they say (see the module docstring)."""
+    return [*_unassigned(cfg), *_unlendable(cfg), *_unusable_reserve(cfg)]
+
+
+def _unassigned(cfg: AdminConfig) -> list[str]:
+    if not cfg.nodes:
+        return []
+    promised = _total(q.nominal for q in cfg.queues.values())
+    reserved = cfg.reserve.resources if cfg.reserve else {}
+    idle = {
+        k: v - promised.get(k, 0.0) - reserved.get(k, 0.0)
+        for k, v in cfg.capacity().items()
+        if v - promised.get(k, 0.0) - reserved.get(k, 0.0) > 1e-6
+    }
+    if not idle:
+        return []
+    return [
+        f"{_amounts(idle)} of the cluster {'is' if len(idle) == 1 else 'are'} in no queue's nominal quota "
+        "nor the reserve: no job can ever use them (a queue borrows only what others leave idle of their "
+        "nominal quota); give them to a queue's nominal"
+    ]
+
+
+def lendable_pool(cfg: AdminConfig, queue: str) -> dict[str, float]:
+    """The most the other queues of `queue`'s cohort could ever lend it: their nominal quotas, capped
+    by their lending limits."""
+    cohort = cfg.queues[queue].cohort
+    pool: dict[str, float] = {}
+    for name, q in cfg.queues.items():
+        if name == queue or cohort is None or q.cohort != cohort:
+            continue
+        for k, v in q.nominal.items():
+            pool[k] = pool.get(k, 0.0) + min(v, q.lending_limit.get(k, v))
+    return pool
+
+
+def _unlendable(cfg: AdminConfig) -> list[str]:
+    out = []
+    for name, q in cfg.queues.items():
+        pool = lendable_pool(cfg, name)
+        for k, v in q.borrowing_limit.items():
+            if v > pool.get(k, 0.0) + 1e-6:
+                can = pool.get(k, 0.0)
+                out.append(
+                    f"queues.{name}.borrowing_limit.{k} is {v:g}, but the other queues of cohort {q.cohort} "
+                    f"can lend at most {can:g} {k}: {name} can never use more than "
+                    f"{q.nominal.get(k, 0.0) + can:g} {k}; give {k} quota to a queue of its cohort, or "
+                    "lower the limit"
+                )
+    return out
+
+
+def _unusable_reserve(cfg: AdminConfig) -> list[str]:
+    if cfg.reserve is None:
+        return []
+    classes = set(cfg.reserve.classes)
+    users = [n for n, q in cfg.queues.items() if q.default_priority in classes]
+    who = f"none of the queues whose jobs default to them ({', '.join(users)})" if users else "no queue"
+    out = []
+    for k, v in cfg.reserve.resources.items():
+        if any(
+            cfg.queues[n].nominal.get(k, 0.0) + lendable_pool(cfg, n).get(k, 0.0) > 0
+            for n in users or cfg.queues
+        ):
+            continue
+        out.append(
+            f"reserve.resources.{k} holds {v:g} {k} for {', '.join(sorted(classes))}, but {who} can ever "
+            f"get {k} (no nominal quota of it, nothing to borrow); give such a queue {k} quota, or take "
+            f"{k} out of the reserve"
+        )
+    return out
+
+
+def cohort_cycle(cohorts: Mapping[str, Cohort]) -> list[str]:
     for start in cohorts:
         path, node = [start], cohorts[start].parent
         while node is not None:
@@ -230,15 +342,44 @@ def _cohort_cycle(cohorts: dict[str, Cohort]) -> list[str]:
     return []
 
 
-def load_admin(path: Path | str) -> AdminConfig:
-    return load_tree(AdminConfig, path, None)
+def _total(amounts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for a in amounts:
+        for k, v in a.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _listed(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def load_admin(path: Path | str, overlay: Mapping[str, Any] | None = None) -> AdminConfig:
+    """The admin file, with `overlay` (a partial tree, e.g. a what-if variant's) merged over it:
+    a section merges key by key, any other value replaces the file's."""
+    if not overlay:
+        return load_tree(AdminConfig, path, None)
+    tree = merged(read_yaml(Path(path)), overlay)
+    try:
+        return AdminConfig.model_validate(tree)
+    except ValidationError as err:
+        where = f"{path} with the variant's overlay"
+        raise UserError(format_validation_error(where, err, AdminConfig)) from None
+
+
+def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in overlay.items():
+        old = out.get(k)
+        out[k] = merged(old, v) if isinstance(old, Mapping) and isinstance(v, Mapping) else v
+    return out
 
 
 def admission_params(cfg: AdminConfig) -> AdmissionParams:
     """The admission policy's parameters for this file (the runtime and the simulator use these)."""
     return AdmissionParams(
         classes={
-            n: ClassParams(c.value, c.preemptible, c.grace_s, c.min_run_s, c.max_wait_s)
+            n: ClassParams(c.value, c.preemptible, c.grace_s, c.min_run_s, c.max_wait_s, c.walltime_s)
             for n, c in cfg.priority_classes.items()
         },
         queues={
@@ -261,6 +402,8 @@ def admission_params(cfg: AdminConfig) -> AdmissionParams:
         reserve_classes=frozenset(cfg.reserve.classes) if cfg.reserve else frozenset(),
         usage_half_life_s=cfg.fairness.usage_half_life_s,
         requeue=RequeueParams(cfg.requeue.backoff_base_s, cfg.requeue.backoff_max_s, cfg.requeue.limit),
+        overrun_grace_s=cfg.reservations.overrun_grace_s,
+        max_reservations=cfg.reservations.max_jobs,
     )
 
 
@@ -279,7 +422,9 @@ def describe(cfg: AdminConfig) -> list[str]:
             stop = f"preemptible, {c.grace_s:g} s to save, runs at least {c.min_run_s:g} s once started"
         else:
             stop = "never preempted"
-        lines.append(f"  {name} ({c.value}): {stop}; {wait}.")
+        lines.append(
+            f"  {name} ({c.value}): {stop}; {wait}; walltime {c.walltime_s:g} s unless the job says."
+        )
     lines.append("Queues:")
     for name, q in cfg.queues.items():
         parts = [f"weight {q.weight:g}", f"guaranteed {_amounts(q.nominal) or 'nothing'}"]
@@ -319,9 +464,16 @@ def describe(cfg: AdminConfig) -> list[str]:
         "from its newest checkpoint."
     )
     lines.append(
-        "Victims: elastic rollout instances and deferrable verification first, then the lowest priority, "
+        "Victims: elastic rollout instances first, then the lowest priority, "
         "the least work lost since the last save; never one within its minimum run time."
     )
+    if any(c.max_wait_s is not None for c in cfg.priority_classes.values()):
+        lines.append(
+            "Past its maximum wait, a job that nothing can be preempted for reserves the nodes it needs "
+            "from when the running jobs' walltimes end; other jobs start if they end before that or fit "
+            f"beside it (backfill). A job past its walltime gets {cfg.reservations.overrun_grace_s:g} s "
+            "more, then the reservation moves as much later, each time."
+        )
     if cfg.fairness.policy is FairnessPolicy.DRF:
         decay = (
             f", over usage decayed with a {cfg.fairness.usage_half_life_s:g} s half-life"
@@ -341,5 +493,5 @@ def describe(cfg: AdminConfig) -> list[str]:
     return lines
 
 
-def _amounts(res: dict[str, float]) -> str:
+def _amounts(res: Mapping[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in res.items())

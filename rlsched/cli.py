@@ -71,6 +71,23 @@ def _overrides(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
+class _Walltime(argparse.Action):
+    """`--walltime S` is `--set run.walltime_s=S`, in its place among the overrides."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option: Any = None) -> None:
+        namespace.set = [*(getattr(namespace, "set", None) or []), f"run.walltime_s={value}"]
+
+
+def _walltime(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--walltime",
+        action=_Walltime,
+        metavar="SECONDS",
+        help="the job's expected run time (Slurm's --time; run.walltime_s): a job past its maximum wait "
+        "reserves capacity around it, and it may start on reserved capacity if it ends before then",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `rlsched` command: one small function per command (or family of commands)."""
     parser = argparse.ArgumentParser(
@@ -110,6 +127,7 @@ def _add_run(sub: Any) -> None:
     )
     run.add_argument("--queue", help="the cluster scheduler's queue to run in (see `rlsched admin start`)")
     run.add_argument("--priority", help="its priority class (default: the queue's default)")
+    _walltime(run)
     run.add_argument(
         "--requeue",
         action="store_true",
@@ -127,6 +145,7 @@ def _add_cluster_commands(sub: Any) -> None:
     subm.add_argument("config", type=Path, help="job config")
     subm.add_argument("--queue", required=True, help="the scheduler's queue")
     subm.add_argument("--priority", help="its priority class (default: the queue's default)")
+    _walltime(subm)
     _overrides(subm, "override a value")
     subm.add_argument("--out", type=Path, help="output directory; its name is the job's name")
     subm.add_argument(

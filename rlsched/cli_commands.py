@@ -465,15 +465,25 @@ def cmd_finish(args: argparse.Namespace) -> int:
 
 
 def cmd_admin_check(args: argparse.Namespace) -> int:
-    from rlsched.admin import describe, load_admin
+    from rlsched.admin import describe, load_admin, warnings
 
     cfg = load_admin(args.file)
+    found = warnings(cfg)
     if args.json:
-        print(json.dumps({"valid": True, "config": cfg.model_dump(mode="json"), "meaning": describe(cfg)}))
+        meaning = describe(cfg)
+        print(
+            json.dumps(
+                {"valid": True, "warnings": found, "config": cfg.model_dump(mode="json"), "meaning": meaning}
+            )
+        )
         return 0
-    console.print(f"{args.file}: valid.")
+    console.print(
+        f"{args.file}: valid" + (f", with {len(found)} warning(s):" if found else "."), markup=False
+    )
+    for w in found:
+        console.print(f"  warning: {w}", markup=False, style="yellow")
     for line in describe(cfg):
-        console.print(line)
+        console.print(line, markup=False)
     return 0
 
 

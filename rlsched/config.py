@@ -448,6 +448,13 @@ class RunConfig(Section):
     out_dir: Path = Field(
         Path("runs/latest"), description="where the run writes its records, report and checkpoint"
     )
+    walltime_s: float | None = Field(
+        None,
+        gt=0,
+        description="the job's expected run time for the cluster scheduler (Slurm's --time): a job past "
+        "its maximum wait reserves capacity around the others' walltimes, and a job that will end before "
+        "a reservation begins may start on its capacity (null: its priority class's default walltime_s)",
+    )
     record_fleet: bool = Field(
         False,
         description="keep every event the rollout fleet's core is fed and the effects it returned, in "

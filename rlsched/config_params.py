@@ -99,7 +99,8 @@ def job_spec(cfg: JobConfig, name: str, queue: str, priority: str) -> JobSpec:
         Gang(tuple(rank_bundle(t) for _ in range(t.ranks)), Strategy(t.placement_strategy.value)),
         Gang(tuple(workers), Strategy.PACK),
     )
-    return JobSpec(name, queue, priority, gangs, tuple(instance_bundle(r) for _ in range(r.elastic)))
+    elastic = tuple(instance_bundle(r) for _ in range(r.elastic))
+    return JobSpec(name, queue, priority, gangs, elastic, walltime_s=cfg.run.walltime_s)
 
 
 def required_resources(cfg: JobConfig) -> dict[str, float]:

@@ -20,7 +20,9 @@ drive this class. Events in, stamped with the driver's clock; effects out, carri
 - Usage per queue decays with `usage_half_life_s`, integrated at every event.
 
 `next_wakeup` is when a cycle may decide differently without any event: a grace period ends, and,
-while jobs wait, a running job's minimum run time ends or a waiting job's maximum wait is reached.
+while jobs wait, a running job's minimum run time ends, a waiting job's maximum wait is reached, or a
+reservation is due to begin (`rlsched.policy.reservation`: if the jobs it waits for overran their
+walltimes, it moves).
 The job lifecycle is `JobState` (`rlsched.policy.lifecycle`); every move is checked against it.
 """
 
@@ -98,6 +100,7 @@ class _Job:
     not_before: float | None = None  # backing off after a failure: not admitted before then
     attempt_over: int = -1  # the newest supervisor attempt already ended (requeued or failed)
     requeued_why: str = ""  # why it was last requeued (its reason moves on with the admission cycles)
+    reserved_from: float | None = None  # past its maximum wait: when its reservation begins
 
     def to(self, target: JobState) -> None:
         if target not in JOB_TRANSITIONS[self.state]:
@@ -128,6 +131,7 @@ class ClusterCore:
         self.history: dict[str, dict[str, float]] = {}  # decayed usage per queue
         self.counts = ClusterCounts()
         self.cycles = 0
+        self.reserved: dict[JobId, float] = {}  # the last cycle's reservations: job -> when it begins
         self._last = at
         self._out: list[Effect] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -252,6 +256,8 @@ class ClusterCore:
                 if (bound := classes[j.spec.priority].max_wait_s) is not None
             ]
         times += [j.not_before for j in pending if j.not_before is not None]
+        # a reservation's start: the jobs it waits for may have overrun, and the reservation moves
+        times += [j.reserved_from for j in pending if j.reserved_from is not None]
         later = [t for t in times if t > now + 1e-9] + graces
         return max(now, min(later)) if later else None
 
@@ -411,7 +417,15 @@ class ClusterCore:
             self.nodes,
             tuple(self.running()),
             tuple(
-                PendingJob(n, j.spec.queue, j.spec.priority, j.submitted, j.spec.gangs, j.spec.elastic)
+                PendingJob(
+                    n,
+                    j.spec.queue,
+                    j.spec.priority,
+                    j.submitted,
+                    j.spec.gangs,
+                    j.spec.elastic,
+                    walltime_s=j.spec.walltime_s,
+                )
                 for n, j in self.jobs.items()
                 if j.state is JobState.PENDING and (j.not_before is None or j.not_before <= now)
             ),
@@ -423,6 +437,7 @@ class ClusterCore:
             },
             self.history if self.params.usage_half_life_s else None,
         )
+        self.reserved = {}
         for d in admit(snapshot, now, self.params):
             job = self.jobs[JobId(d.job)]
             if isinstance(d, Admit):
@@ -432,7 +447,9 @@ class ClusterCore:
             elif isinstance(d, Grow):
                 self.counts.grown += self._grow(job, d.elastic_nodes)
             elif isinstance(d, Wait):
-                job.reason = d.reason
+                job.reason, job.reserved_from = d.reason, d.reserved_from
+                if d.reserved_from is not None:
+                    self.reserved[JobId(d.job)] = d.reserved_from
         self.cycles += 1
 
     def _running(self, job: _Job) -> RunningJob:
@@ -446,6 +463,7 @@ class ClusterCore:
             tuple((p.node, p.resources) for p in job.parts.values()),
             None,
             job.spec.elastic[len(job.parts) :],
+            job.spec.walltime_s,
         )
 
     def _start(self, job: _Job, d: Admit, now: float) -> None:
@@ -458,7 +476,7 @@ class ClusterCore:
                 CreatePlacementGroup(group, name, bundles, tuple(placed.nodes), gang.strategy.value)
             )
         job.to(JobState.RUNNING)
-        job.started, job.reason = now, ""
+        job.started, job.reason, job.reserved_from = now, "", None
         self._out.append(JobStarted(name))
         self._grow(job, d.elastic_nodes)
 

@@ -29,6 +29,7 @@ class JobSpec:
     elastic: tuple[Resources, ...] = ()
     requeue: bool = False  # a supervisor brings the driver back: requeue it rather than end it
     attempt: int = 0  # the supervisor's attempt number (a failure report names the attempt it ends)
+    walltime_s: float | None = None  # its expected run time (None: its priority class's default)
 
 
 # -- events ----------------------------------------------------------------------------------------

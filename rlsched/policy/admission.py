@@ -12,6 +12,10 @@ each, a job past its class's maximum wait first (the starvation bound), then hig
 under DRF, the queue with the smallest weighted dominant share, then the earlier arrival. So the
 maximum wait is a promise within the nominal quota; a job that must borrow is promised it only as
 far as the lenders do not want their quota back (it may still take from lower-priority borrowers).
+A job past its maximum wait that fits its quota but neither the nodes nor any preemption gets a
+reservation (`rlsched.policy.reservation`): what it needs, from when the running jobs' walltimes
+free it; every later job of the cycle must leave the reservations whole (end before they begin,
+or take only what they leave spare), and nothing else is held back (EASY backfill).
 Quotas: a job fits its queue if the queue stays within its nominal quota, or borrows the rest from
 the idle nominal quota other queues of its cohort lend (within their lending limits and its own
 borrowing limit). Placement: every gang by `rlsched.policy.placement.place`; elastic parts (rollout
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rlsched.policy.cluster_model import (
     _EPS,
@@ -67,6 +71,16 @@ from rlsched.policy.placement import (
     Strategy,
     add,
     minus,
+)
+from rlsched.policy.reservation import (
+    Release,
+    Reservation,
+    bound_by,
+    releases_of,
+    reserve,
+    room,
+    take,
+    walltime,
 )
 from rlsched.policy.victims import Candidate, choose_victims, grow
 
@@ -169,10 +183,10 @@ def _usage_coming(usage: Mapping[str, Resources], snapshot: ClusterSnapshot) -> 
     return out
 
 
-def _reserve(
+def _after_victims(
     job: PendingJob,
     nodes: Sequence[Node],
-    coming: dict[str, Resources],
+    coming: Mapping[str, Resources],
     victims: Sequence[Candidate],
     params: AdmissionParams,
     keep: Resources | None = None,
@@ -201,6 +215,30 @@ def _hold(
         if taken:
             out[node] = minus(out[node], taken)
     return out
+
+
+def _reserved_reason(r: Reservation, now: float) -> str:
+    nodes = ", ".join(sorted(r.need))
+    names = list(r.waits_for[:3]) + ([f"{len(r.waits_for) - 3} more"] if len(r.waits_for) > 3 else [])
+    who = (
+        f"when {names[0]} is expected to end by its walltime"
+        if len(names) == 1
+        else f"when {', '.join(names)} are expected to end by their walltimes"
+        if names
+        else "once the preemptions under way end"
+    )
+    return (
+        f"past its maximum wait: {nodes} reserved for it from {r.start - now:,.0f} s from now, {who}; "
+        "jobs that end before then, or fit beside it, start meanwhile"
+    )
+
+
+def _backfill_reason(r: Reservation, now: float) -> str:
+    left = r.start - now
+    return (
+        f"it would run past the start of {r.job}'s reservation (in {left:,.0f} s) on capacity that "
+        f"reservation needs; with a walltime under {left:,.0f} s it could start now (backfill)"
+    )
 
 
 def _shape(job: PendingJob, keep: Resources | None) -> tuple[object, ...]:
@@ -236,8 +274,9 @@ def admit(snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> lis
     cycle = _Cycle.start(snapshot, now, params)
     for job in order(snapshot, now, params):
         cycle.consider(job)
-    if not cycle.blocked_by_starving:
-        cycle.decisions += grow(snapshot, params, cycle.free, cycle.usage, cycle.evicting, cycle.reserve)
+    every = tuple(range(len(cycle.reservations)))  # an elastic part lives as long as its job
+    free = dict(room(cycle.free, cycle.reservations, every))
+    cycle.decisions += grow(snapshot, params, free, cycle.usage, cycle.evicting, cycle.reserve)
     return cycle.decisions
 
 
@@ -254,6 +293,8 @@ class _Attempt:
     why: str
     keep: dict[str, float] | None
     shape: tuple[object, ...]
+    end: float  # when it is expected to end if it starts now
+    bound: tuple[int, ...]  # the reservations it must leave whole (it would run past their start)
 
 
 @dataclass
@@ -280,7 +321,10 @@ class _Cycle:
     never: dict[tuple[object, ...], str]  # shapes that fit not even the empty cluster
     able: dict[frozenset[str], list[Node]]  # nodes that have each set of resources
     decisions: list[Decision]
-    blocked_by_starving: bool = False
+    reservations: list[Reservation]  # of jobs past their maximum wait, in the order made
+    admitted: list[Release]  # what the jobs admitted in this cycle hold, and until when
+    running_ends: list[Release] | None = None  # the running jobs' expected ends (made when first needed)
+    rooms: dict[tuple[bool, tuple[int, ...]], Mapping[str, Resources]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, snapshot: ClusterSnapshot, now: float, params: AdmissionParams) -> _Cycle:
@@ -309,6 +353,8 @@ class _Cycle:
             never={},
             able={},
             decisions=[],
+            reservations=[],
+            admitted=[],
         )
 
     def consider(self, job: PendingJob) -> None:
@@ -322,21 +368,21 @@ class _Cycle:
             self.refused[_over_quota_key(job)] = why
         no_reserve = job.priority in self.params.reserve_classes or not any(self.reserve.values())
         keep = None if no_reserve else self.reserve
-        attempt = _Attempt(job, borrowed, why, keep, _shape(job, keep))
+        end = self.now + walltime(job.priority, job.walltime_s, self.params)
+        bound = bound_by(self.reservations, end)
+        attempt = _Attempt(job, borrowed, why, keep, (_shape(job, keep), bound), end, bound)
         placed = self._place_now(attempt)
         if isinstance(placed, str):
             attempt = replace(attempt, why=placed)
         elif borrowed is not None:
-            self._admit(job, placed, borrowed)
+            self._admit(attempt, placed, borrowed)
             return
-        victims = self._make_room(attempt)
-        if starving(job, self.now, self.params) and (borrowed is not None or victims is not None):
-            self.blocked_by_starving = True  # short of nodes, not of quota: nothing behind it may take them
+        held = self._make_room(attempt)
+        if not held and borrowed is not None and starving(job, self.now, self.params):
+            self._reserve_for(attempt)  # short of nodes, not of quota: it takes them as they free up
 
     def _skip(self, job: PendingJob) -> str | None:
         """Why the job waits without a search, or None."""
-        if self.blocked_by_starving and not starving(job, self.now, self.params):
-            return "a job past its maximum wait goes first; its resources are held"
         if job.yield_to is not None and job.yield_to in self.waiting:
             return f"preempted for {job.yield_to}, which starts first"
         bare = _shape(job, None)
@@ -352,75 +398,120 @@ class _Cycle:
         return self.refused.get(_over_quota_key(job))  # usage only grows within a cycle
 
     def _place_now(self, a: _Attempt) -> _Placed:
+        """Placed on what is free now, then (a job that would run past a reservation's start) on what
+        its reservations leave: one search when it does not fit at all, as most do on a full cluster."""
         if a.borrowed is None:
             return a.why
+        alone = (a.shape[0], ())
+        if alone in self.failed:
+            return self.failed[alone]
         if a.shape in self.failed:
             return self.failed[a.shape]
         placed = place_all(a.job, self.snapshot.nodes, self.free, self.params, a.keep, self.able)
         if isinstance(placed, str):
-            self.failed[a.shape] = placed
+            self.failed[alone] = placed
+            return placed
+        if not a.bound:
+            return placed
+        placed = place_all(a.job, self.snapshot.nodes, self._room(a.bound), self.params, a.keep, self.able)
+        if isinstance(placed, str):  # it fits: only a reservation stands in its way
+            first = min((self.reservations[i] for i in a.bound), key=lambda r: r.start)
+            placed = self.failed[a.shape] = _backfill_reason(first, self.now)
         return placed
+
+    def _room(self, bound: tuple[int, ...], coming: bool = False) -> Mapping[str, Resources]:
+        """What is free now (or once the evictions under way end) less what `bound`'s reservations
+        need; kept until the cycle next takes or promises capacity."""
+        key = (coming, bound)
+        if key not in self.rooms:
+            self.rooms[key] = room(self.coming if coming else self.free, self.reservations, bound)
+        return self.rooms[key]
 
     def _admit(
         self,
-        job: PendingJob,
+        a: _Attempt,
         placed: tuple[list[Placement], dict[str, Resources]],
         borrowed: dict[str, float],
     ) -> None:
-        placements, self.free = placed
-        elastic_nodes = place_elastic(job.elastic, self.free)
-        used = (demand(job), *job.elastic[: len(elastic_nodes)])
-        self.usage[job.queue] = add(self.usage.get(job.queue, {}), *used)
-        self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), *used)
-        if job.priority in self.params.reserve_classes and self.reserve:
-            self.reserve = {k: max(0.0, v - add(*used).get(k, 0.0)) for k, v in self.reserve.items()}
+        job = a.job
+        placements, left = placed
+        elastic_nodes = place_elastic(job.elastic, left)  # on what its reservations leave, too
         taken = [
             (n, b)
             for g, pl in zip(job.gangs, placements, strict=True)
             for b, n in zip(g.bundles, pl.nodes, strict=True)
         ]
-        for node, res in (*taken, *zip(elastic_nodes, job.elastic, strict=False)):
+        parts = (*taken, *zip(elastic_nodes, job.elastic, strict=False))
+        for node, res in parts:
+            self.free[node] = minus(self.free[node], res)
             self.coming[node] = minus(self.coming[node], res)
+        take(self.reservations, a.bound, parts)
+        self.rooms.clear()
+        self.admitted.append(Release(a.end, job.name, parts))
+        used = (demand(job), *job.elastic[: len(elastic_nodes)])
+        self.usage[job.queue] = add(self.usage.get(job.queue, {}), *used)
+        self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), *used)
+        if job.priority in self.params.reserve_classes and self.reserve:
+            self.reserve = {k: max(0.0, v - add(*used).get(k, 0.0)) for k, v in self.reserve.items()}
         self.decisions.append(Admit(job.name, tuple(placements), tuple(elastic_nodes), borrowed))
 
-    def _make_room(self, a: _Attempt) -> list[Candidate] | None:
-        """It does not fit now: wait for the evictions under way, or start new ones (the victims)."""
+    def _make_room(self, a: _Attempt) -> bool:
+        """It does not fit now: wait for the evictions under way, or start new ones (the victims).
+        Whether capacity is now held for it."""
         job = a.job
         quota_later = a.borrowed is not None or quota_check(job, self.params, self.usage_later)[0] is not None
+        coming = self._room(a.bound, coming=True)
         if not quota_later:
             later: _Placed = a.why
         elif not (self.snapshot.evicting or self.evicting) or a.shape in self.failed_later:
             later = self.failed_later.get(a.shape, a.why)  # nothing is being freed: `coming` is `free`
         else:
-            later = place_all(job, self.snapshot.nodes, self.coming, self.params, a.keep, self.able)
+            later = place_all(job, self.snapshot.nodes, coming, self.params, a.keep, self.able)
             if isinstance(later, str):
                 self.failed_later[a.shape] = later
         if not isinstance(later, str):  # the evictions already under way make room for it
-            self.free = _hold(self.free, self.coming, later[1])
-            self.coming = later[1]
+            self._promise(a, coming, later[1])
             self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), demand(job))
             self.decisions.append(Wait(job.name, "waiting for the preemptions under way to finish"))
-            return None
-        return self._preempt(job, a.why, a.keep)
+            return True
+        return self._preempt(a, coming)
 
-    def _preempt(self, job: PendingJob, why: str, keep: dict[str, float] | None) -> list[Candidate] | None:
+    def _promise(self, a: _Attempt, before: Mapping[str, Resources], after: Mapping[str, Resources]) -> None:
+        """Hold for a waiting job what it will take once the releases it waits for come (the drop
+        from `before` to `after`), in what is free now and what will be."""
+        self.rooms.clear()
+        self.free = _hold(self.free, before, after)
+        # what its reservations kept out of `before` stays coming for the jobs that end before them
+        self.coming = {n: add(after[n], minus(self.coming[n], before[n])) if n in after else r
+                       for n, r in self.coming.items()}  # fmt: skip
+        if a.bound:
+            held = tuple((n, minus(before[n], after[n])) for n in before if n in after)
+            take(
+                self.reservations, a.bound, tuple((n, {k: v for k, v in r.items() if v > 0}) for n, r in held)
+            )
+
+    def _preempt(self, a: _Attempt, coming: Mapping[str, Resources]) -> bool:
+        job = a.job
         running = tuple(r for r in self.snapshot.running if r.name not in self.evicting)
+        if a.bound:  # a victim must still be running when its reservations begin: they count on the rest
+            last = max(self.reservations[i].start for i in a.bound)
+            over = {r.job for r in self._running_ends() if r.at > last}
+            running = tuple(r for r in running if r.name in over)
         victims = choose_victims(
             job,
             ClusterSnapshot(self.snapshot.nodes, running, ()),
             self.now,
             self.params,
-            self.coming,
+            coming,
             self.usage_later,
-            keep,
+            a.keep,
             self.able,
         )
         if victims is None:
-            self.decisions.append(Wait(job.name, why))
-            return None
-        after = _reserve(job, self.snapshot.nodes, self.coming, victims, self.params, keep, self.able)
-        self.free = _hold(self.free, self.coming, after)
-        self.coming = after
+            self.decisions.append(Wait(job.name, a.why))
+            return False
+        after = _after_victims(job, self.snapshot.nodes, coming, victims, self.params, a.keep, self.able)
+        self._promise(a, coming, after)
         self.usage_later[job.queue] = add(self.usage_later.get(job.queue, {}), demand(job))
         for v in victims:
             released = v.job.elastic if v.elastic_only else (*v.job.allocations, *v.job.elastic)
@@ -434,7 +525,39 @@ class _Cycle:
         self.decisions.append(
             Wait(job.name, f"{len(victims)} preemption(s) under way (grace up to {longest:g} s)")
         )
-        return victims
+        return True
+
+    def _running_ends(self) -> list[Release]:
+        if self.running_ends is None:
+            self.running_ends = releases_of(self.snapshot.running, self.now, self.params)
+        return self.running_ends
+
+    def _reserve_for(self, a: _Attempt) -> None:
+        """A job past its maximum wait that neither fits nor can make room now: the earliest
+        reservation on what the running jobs (and those admitted in this cycle) will release; its
+        reason replaces the wait's."""
+        job = a.job
+        if len(self.reservations) >= self.params.max_reservations:
+            last = self.decisions[-1]
+            assert isinstance(last, Wait)
+            held = f"{len(self.reservations)} jobs past their maximum wait hold reservations ahead of it"
+            self.decisions[-1] = Wait(job.name, f"{last.reason}; {held}")
+            return
+        releases = [r for r in (*self._running_ends(), *self.admitted) if r.job not in self.evicting]
+        got = reserve(
+            job.name,
+            walltime(job.priority, job.walltime_s, self.params),
+            [g.bundles for g in job.gangs],
+            lambda free: place_all(job, self.snapshot.nodes, free, self.params, a.keep, self.able),
+            self.coming,
+            releases,
+            self.reservations,
+            self.now,
+        )
+        if got is None:
+            return  # not even every release would do: its wait's reason stands
+        self.reservations.append(got)
+        self.decisions[-1] = Wait(job.name, _reserved_reason(got, self.now), got.start)
 
 
 def _over_quota_key(job: PendingJob) -> tuple[object, ...]:

@@ -23,6 +23,7 @@ class ClassParams:
     grace_s: float = 30.0
     min_run_s: float = 0.0
     max_wait_s: float | None = None
+    walltime_s: float = 86400.0  # a job's expected run time when it declares none (reservations)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class AdmissionParams:
     usage_half_life_s: float | None = None  # for whoever keeps ClusterSnapshot.history (not used by admit)
     device_types: frozenset[str] = frozenset()
     requeue: RequeueParams = field(default_factory=RequeueParams)
+    overrun_grace_s: float = 600.0  # a job past its walltime is expected to end within this, then again
+    max_reservations: int = 8  # jobs past their maximum wait that hold a reservation at once, first first
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class PendingJob:
     gangs: tuple[Gang, ...]  # all placed together or none (the training gang, the verifier pool ...)
     elastic: tuple[Resources, ...] = ()  # rollout instances: placed where room is left, preempted first
     yield_to: str | None = None  # evicted for this job: waits while it does (its capacity is for it)
+    walltime_s: float | None = None  # its expected run time (None: its class's default)
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class RunningJob:
     elastic: tuple[tuple[str, Resources], ...] = ()  # (node, resources) of each elastic part
     last_save: float | None = None  # when its work was last saved (None: never; counts from start)
     missing: tuple[Resources, ...] = ()  # elastic parts it wants but does not hold (granted by Grow)
+    walltime_s: float | None = None  # its expected run time (None: its class's default)
 
     def usage(self) -> dict[str, float]:
         return add(*(r for _, r in self.allocations), *(r for _, r in self.elastic))
@@ -117,6 +122,7 @@ class Evict:
 class Wait:
     job: str
     reason: str
+    reserved_from: float | None = None  # past its maximum wait: when its reservation begins
 
 
 @dataclass(frozen=True)

@@ -107,12 +107,15 @@ def choose_victims(
 ) -> list[Candidate] | None:
     """Candidates taken in order until `job` fits its queue's quota and every gang of it can be
     placed (None: not even all of them would do)."""
+    ordered = candidates(job, snapshot, now, params, usage)
+    if not ordered:
+        return None
     left = {n: dict(r) for n, r in free.items()}
     used = {q: dict(u) for q, u in usage.items()}
     chosen: list[Candidate] = []
     elastic_gone: set[str] = set()
     whole_gone: set[str] = set()
-    for cand in candidates(job, snapshot, now, params, usage):
+    for cand in ordered:
         name = cand.job.name
         if name in whole_gone:
             continue

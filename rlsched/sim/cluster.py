@@ -74,6 +74,9 @@ class ClusterRun:
     allocation_series: list[float] = field(default_factory=list)  # share allocated, per bucket_s
     jain: float = 1.0  # time-weighted Jain's index over queues' weighted dominant shares
     unfinished: int = 0
+    reservations: list[tuple[float, str, float]] = field(
+        default_factory=list
+    )  # (when, job, its start): made or moved
 
 
 class ClusterSim:
@@ -152,8 +155,12 @@ class ClusterSim:
                 self._ended(effect.job, JobState.PENDING)
 
     def _cycle(self) -> None:
+        before = self.core.reserved
         self._feed(Tick(self.sim.now, self._inventory))
         self._inventory = None
+        for job, start in self.core.reserved.items():
+            if before.get(job) != start:
+                self.run.reservations.append((self.sim.now, job, start))
         due = self.core.next_wakeup()
         if due is not None and (self._woken is None or due < self._woken.time):
             if self._woken is not None:
@@ -167,7 +174,15 @@ class ClusterSim:
     def _arrive(self, name: str) -> None:
         trace = self.jobs[name].trace
         job = trace.job
-        spec = JobSpec(name, job.queue, job.priority, job.gangs, job.elastic, requeue=trace.requeue)
+        spec = JobSpec(
+            name,
+            job.queue,
+            job.priority,
+            job.gangs,
+            job.elastic,
+            requeue=trace.requeue,
+            walltime_s=job.walltime_s,
+        )
         self._feed(JobSubmitted(self.sim.now, spec))
         self._cycle()
 

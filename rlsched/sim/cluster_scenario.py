@@ -54,6 +54,21 @@ class StreamConfig(Section):
     requeue: bool = Field(
         False, description="a preempted job waits again and resumes from its last save (rlsched submit's way)"
     )
+    walltime_s: float | None = Field(
+        None, gt=0, description="the walltime each job declares (unset: walltime_factor, else its class's)"
+    )
+    walltime_factor: float | None = Field(
+        None,
+        gt=0,
+        description="each job declares this times its own run time (1.5: users who overestimate; below 1: "
+        "jobs that overrun their walltime)",
+    )
+
+    @model_validator(mode="after")
+    def _one_walltime(self) -> StreamConfig:
+        if self.walltime_s is not None and self.walltime_factor is not None:
+            raise ValueError("give walltime_s or walltime_factor, not both")
+        return self
 
     @field_validator("devices")
     @classmethod
@@ -69,6 +84,11 @@ class VariantConfig(Section):
     borrow_within_cohort: bool | None = Field(None, description="unset: the admin file's")
     streams: list[str] | None = Field(None, description="streams that take part (unset: all)")
     requeue: bool | None = Field(None, description="evicted jobs requeue and resume (unset: each stream's)")
+    admin: dict[str, Any] = Field(
+        default_factory=dict,
+        description="an overlay on the admin file: any of its fields, e.g. {queues: {team-a: {nominal: "
+        "{GPU: 32}}}} (a section merges key by key; any other value replaces the file's)",
+    )
 
 
 class ClusterScenarioConfig(Section):
@@ -104,15 +124,21 @@ class ClusterScenarioConfig(Section):
 
 
 def load_cluster_scenario(path: Path | str, overrides: list[str] | None = None) -> ClusterScenarioConfig:
+    """The scenario, checked whole before anything runs: every variant's admin file (its overlay
+    merged) has nodes and the classes and queues the streams and the job log name."""
     cfg = load_tree(ClusterScenarioConfig, path, overrides)
-    admin = load_admin(cfg.admin)
-    if not admin.nodes:
-        raise UserError(f"{cfg.admin}: a cluster scenario needs the admin file's `nodes` inventory")
-    for s in cfg.streams:
-        if s.priority not in admin.priority_classes:
-            raise UserError(f"streams.{s.name}.priority {s.priority!r} is not a class of {cfg.admin}")
-        if s.queue not in admin.queues:
-            raise UserError(f"streams.{s.name}.queue {s.queue!r} is not a queue of {cfg.admin}")
+    for v in cfg.variants:
+        admin = load_admin(cfg.admin, v.admin)
+        where = f"{cfg.admin}" + (f" with variant {v.name!r}'s overlay" if v.admin else "")
+        if not admin.nodes:
+            raise UserError(f"{where}: a cluster scenario needs the admin file's `nodes` inventory")
+        for s in cfg.streams:
+            if s.priority not in admin.priority_classes:
+                raise UserError(f"streams.{s.name}.priority {s.priority!r} is not a class of {where}")
+            if s.queue not in admin.queues:
+                raise UserError(f"streams.{s.name}.queue {s.queue!r} is not a queue of {where}")
+        if cfg.trace is not None:
+            load_trace_csv(cfg.trace, cfg.trace_device, admin=admin)
     return cfg
 
 
@@ -124,14 +150,24 @@ def nodes_of(admin: AdminConfig) -> list[Node]:
     ]
 
 
+_COLUMNS = ("submit_s", "duration_s", "devices", "queue", "priority")  # required in a job log
+
+
 def load_trace_csv(
-    path: Path, device: str, cpus_per_device: float = 4.0, per_node: int = 8
+    path: Path, device: str, cpus_per_device: float = 4.0, per_node: int = 8, admin: AdminConfig | None = None
 ) -> list[TraceJob]:
-    """Jobs of a CSV job log (`submit_s,duration_s,devices,queue,priority[,elastic]`)."""
+    """Jobs of a CSV job log (`submit_s,duration_s,devices,queue,priority[,elastic][,walltime_s]`);
+    with `admin`, a row whose queue or class the admin file lacks is refused by its line number."""
     out = []
     try:
         with path.open(newline="") as f:
-            for k, row in enumerate(csv.DictReader(f)):
+            reader = csv.DictReader(f)
+            missing = [c for c in _COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise KeyError(missing[0])
+            for k, row in enumerate(reader):
+                if admin is not None:
+                    _check_row(path, k + 2, row, admin)  # line 1 is the header
                 n = int(row["devices"])
                 bundles = [min(per_node, n - i) for i in range(0, n, per_node)] or [0]
                 gang = Gang(tuple({device: float(b), "CPU": cpus_per_device * max(b, 1)} for b in bundles))
@@ -145,14 +181,25 @@ def load_trace_csv(
                     float(row["submit_s"]),
                     (gang,),
                     elastic,
+                    walltime_s=float(row["walltime_s"]) if row.get("walltime_s") else None,
                 )
                 out.append(TraceJob(job, float(row["duration_s"])))
     except (OSError, KeyError, ValueError) as err:
         raise UserError(
             f"cannot read the job log {path}: {err!r}; it needs a header row with "
-            "submit_s,duration_s,devices,queue,priority (and optionally elastic)"
+            "submit_s,duration_s,devices,queue,priority (and optionally elastic and walltime_s)"
         ) from None
     return out
+
+
+def _check_row(path: Path, line: int, row: dict[str, str], admin: AdminConfig) -> None:
+    for column, known in (("queue", admin.queues), ("priority", admin.priority_classes)):
+        value = row.get(column)
+        if value not in known:
+            raise UserError(
+                f"{path}, line {line}: {column} {value!r} is not one of the admin file's "
+                f"({', '.join(sorted(known))}); fix the row or add it to the admin file"
+            )
 
 
 def _trace(cfg: ClusterScenarioConfig, streams: list[StreamConfig], seed: int) -> list[TraceJob]:
@@ -165,9 +212,9 @@ def _trace(cfg: ClusterScenarioConfig, streams: list[StreamConfig], seed: int) -
         for t in synthetic_trace([cls], cfg.hours, seed * 1000 + k):
             name = f"{s.name}/{t.job.name.rsplit('-', 1)[1]}"
             parts = tuple({s.device: 1.0, "CPU": s.cpus_per_device} for _ in range(s.elastic))
-            jobs.append(
-                TraceJob(replace(t.job, name=name, elastic=parts), t.work_s, s.save_every_s, s.requeue)
-            )
+            wall = s.walltime_s if s.walltime_factor is None else s.walltime_factor * t.work_s
+            job = replace(t.job, name=name, elastic=parts, walltime_s=wall)
+            jobs.append(TraceJob(job, t.work_s, s.save_every_s, s.requeue))
     if cfg.trace is not None:
         jobs += load_trace_csv(cfg.trace, cfg.trace_device)
     return sorted(jobs, key=lambda j: j.job.submitted)
@@ -175,12 +222,12 @@ def _trace(cfg: ClusterScenarioConfig, streams: list[StreamConfig], seed: int) -
 
 def run_cluster_scenario(cfg: ClusterScenarioConfig, seeds: int | None = None) -> dict[str, Any]:
     admin = load_admin(cfg.admin)
-    nodes = nodes_of(admin)
-    base = admission_params(admin)
     seeds = seeds or cfg.seeds
     results: dict[str, Any] = {}
     for v in cfg.variants:
-        params = base
+        mine = load_admin(cfg.admin, v.admin)
+        nodes = nodes_of(mine)
+        params = admission_params(mine)
         if v.fairness is not None:
             params = replace(params, drf=v.fairness is FairnessPolicy.DRF)
         if v.borrow_within_cohort is not None:
@@ -199,7 +246,8 @@ def run_cluster_scenario(cfg: ClusterScenarioConfig, seeds: int | None = None) -
             "allocation_series": [
                 sum(s[i] for s in series if i < len(s)) / sum(1 for s in series if i < len(s))
                 for i in range(length)
-            ]
+            ],
+            "bounds": {n: c.max_wait_s for n, c in mine.priority_classes.items()},  # its overlay's
         }
     bounds = {n: c.max_wait_s for n, c in admin.priority_classes.items()}
     return {"scenario": cfg.model_dump(mode="json"), "seeds": seeds, "max_wait_s": bounds, "results": results}
@@ -214,7 +262,7 @@ def render_cluster(summary: dict[str, Any]) -> str:
         cells = [name, f"{100 * r['allocation']:.1f}%", f"{r['preemptions']:.1f}", f"{r['grown']:.1f}"]
         cells += [f"{r['jain']:.3f}", f"{r['unfinished']:.1f}"]
         for c in classes:
-            bound = summary["max_wait_s"][c]
+            bound = r.get("bounds", summary["max_wait_s"]).get(c)
             if f"{c}_wait_mean_s" in r and not math.isnan(r[f"{c}_wait_mean_s"]):
                 b = f"{bound:,.0f}" if bound else "none"
                 cells.append(f"{r[f'{c}_wait_mean_s']:,.0f} / {r[f'{c}_wait_max_s']:,.0f} ({b})")

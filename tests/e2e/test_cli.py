@@ -368,7 +368,8 @@ def test_simulate_unknown_policy_flag() -> None:
 def test_admin_check_says_what_the_file_means() -> None:
     proc = rlsched("admin", "check", "configs/admin/example.yaml")
     assert proc.returncode == 0, proc.stderr
-    assert "valid" in proc.stdout and "online (1000): never preempted; admitted within 2 s." in proc.stdout
+    assert "example.yaml: valid.\n" in proc.stdout and "warning" not in proc.stdout
+    assert "online (1000): never preempted; admitted within 2 s; walltime 86400 s" in proc.stdout
     assert "Reserve: 1 H100, 8 CPU kept for online" in proc.stdout
     assert (
         "Requeue (supervised jobs): preempted, back in the queue at once; failed, after 30 s, doubling to at "
@@ -406,6 +407,16 @@ reserve: {classes: [online], resources: {H100: 1}}
         (
             "queues:\n  a: {nominal: {H100: 4}, default_priority: urgent}\n",
             ["queues.a.default_priority 'urgent' is not a defined priority class (batch, online)"],
+        ),
+        (  # every problem at once
+            "queues:\n  a: {cohort: nope, nominal: {H100: 32}, default_priority: urgent}\n",
+            [
+                "4 problems:",
+                "queues.a.cohort 'nope' is not defined in cohorts (research)",
+                "queues.a.default_priority 'urgent' is not a defined priority class",
+                "queues.a.nominal.H100 is 32 but the cluster has 16 H100",
+                "the nominal quotas promise 32 H100 (plus 1 reserved)",
+            ],
         ),
         (
             "reserve: null\n",
@@ -459,8 +470,17 @@ def test_simulate_a_cluster_scenario_from_a_job_log(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)["results"]["as configured"]
     assert r["unfinished"] == 0 and r["training_wait_max_s"] >= 3600 - 20  # the 128-GPU job waits for the 64
+    log.write_text(
+        "submit_s,duration_s,devices,queue,priority\n0,60,8,team-a,training\n5,60,8,team-c,trainnig\n"
+    )
+    assert_user_error(rlsched("simulate", str(scenario)), "jobs.csv, line 3: queue 'team-c' is not one of")
     log.write_text("when,how_long\n1,2\n")
     assert_user_error(rlsched("simulate", str(scenario)), "cannot read the job log", "submit_s,duration_s")
+    overlay = "variants: [{name: v, admin: {queues: {team-a: {nominal: {GPU: -1}}}}}]\n"
+    scenario.write_text(scenario.read_text().replace("seeds: 1\n", "seeds: 1\n" + overlay))
+    assert_user_error(
+        rlsched("simulate", str(scenario)), "variant's overlay", "queues.team-a", "non-negative"
+    )
     scenario.write_text("kind: cluster\nadmin: ../nope.yaml\nstreams: []\n")
     assert_user_error(rlsched("simulate", str(scenario)), "give streams")
 

@@ -22,7 +22,9 @@ from rlsched.policy.cluster_model import (
     over,
     usage_by_queue,
 )
+from rlsched.policy.cluster_place import place_all
 from rlsched.policy.placement import Gang, Node, Strategy, add, fits
+from rlsched.policy.reservation import expected_end, walltime
 
 CLASSES = {
     "online": ClassParams(1000, preemptible=False, max_wait_s=2),
@@ -215,6 +217,10 @@ def random_gang(draw: st.DrawFn, max_gpus: int, max_bundles: int) -> Gang:
     return Gang(bundles, draw(st.sampled_from(list(Strategy))))
 
 
+# None: the class's default; 50 s: a running job started earlier has overrun it
+WALLTIMES = st.sampled_from([None, 50.0, 2000.0, 20000.0])
+
+
 @st.composite
 def worlds(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionParams, float]:
     nodes = tuple(
@@ -256,12 +262,16 @@ def worlds(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionParams, float]:
             )
             elastic = tuple(zip(d.elastic_nodes, job.elastic, strict=False))
             started = float(draw(st.integers(0, 990)))
-            running.append(RunningJob(job.name, job.queue, job.priority, started, allocs, elastic))
+            wall = draw(WALLTIMES)
+            running.append(
+                RunningJob(job.name, job.queue, job.priority, started, allocs, elastic, walltime_s=wall)
+            )
     pending = tuple(
         PendingJob(
             f"p{i}", draw(st.sampled_from(QUEUE_NAMES)), draw(st.sampled_from(CLASS_NAMES)),
             float(draw(st.integers(0, 999))),
             (random_gang(draw, max_gpus=8, max_bundles=3),),
+            walltime_s=draw(WALLTIMES),
         )
         for i in range(draw(st.integers(1, 5)))
     )  # fmt: skip
@@ -299,7 +309,7 @@ def test_admission_never_over_commits_keeps_gangs_whole_and_respects_quotas(worl
 
 @settings(max_examples=300, deadline=None)
 @given(worlds())
-def test_victims_are_eligible_and_starving_jobs_are_never_overtaken(world: tuple) -> None:
+def test_victims_are_eligible_and_nothing_admitted_delays_a_reservation(world: tuple) -> None:
     snap, p, now = world
     decisions = admit(snap, now, p)
     running = {r.name: r for r in snap.running}
@@ -318,14 +328,35 @@ def test_victims_are_eligible_and_starving_jobs_are_never_overtaken(world: tuple
     for q in QUEUE_NAMES:  # within a queue: every starving job first, then by priority
         mine = [(not starving(j, now, p), -p.classes[j.priority].value) for j in ordered if j.queue == q]
         assert mine == sorted(mine)
-    waiting_starving = [
-        d.job for d in decisions if isinstance(d, Wait) and starving(pending[d.job], now, p)
-        and "over its nominal quota" not in d.reason and "cannot run on this cluster" not in d.reason
-    ]  # fmt: skip
-    if waiting_starving:
-        first = min(ordered.index(pending[n]) for n in waiting_starving)
-        later = {j.name for j in ordered[first + 1 :] if not starving(j, now, p)}
-        assert not any(isinstance(d, Admit) and d.job in later for d in decisions)
+    reserved = [d for d in decisions if isinstance(d, Wait) and d.reserved_from is not None]
+    assert all(starving(pending[d.job], now, p) and d.reserved_from >= now for d in reserved)
+    if reserved and not any(isinstance(d, Evict) for d in decisions):
+        # at the first reservation's start, on what is free then, the job fits, whatever was admitted
+        first, start = pending[reserved[0].job], reserved[0].reserved_from
+        assert fits_at(start, first, snap, decisions, now, p), (reserved[0], decisions)
+
+
+def fits_at(
+    t: float, job: PendingJob, snap: ClusterSnapshot, decisions: list, now: float, p: AdmissionParams
+) -> bool:
+    """Whether `job` can be placed at `t` on what the running and just-admitted jobs leave then, each
+    gone if it is expected to have ended by `t`."""
+    free = {n.name: dict(n.capacity) for n in snap.nodes}
+    holders = [(expected_end(r.started, walltime(r.priority, r.walltime_s, p), now, p.overrun_grace_s),
+                (*r.allocations, *r.elastic)) for r in snap.running]  # fmt: skip
+    pending = {j.name: j for j in snap.pending}
+    for d in decisions:
+        if isinstance(d, Admit):
+            a = pending[d.job]
+            parts = [(n, b) for g, pl in zip(a.gangs, d.placements, strict=True)
+                     for b, n in zip(g.bundles, pl.nodes, strict=True)]  # fmt: skip
+            parts += list(zip(d.elastic_nodes, a.elastic, strict=False))
+            holders.append((now + walltime(a.priority, a.walltime_s, p), tuple(parts)))
+    for end, parts in holders:
+        if end > t:
+            for node, res in parts:
+                free[node] = {k: free[node].get(k, 0.0) - res.get(k, 0.0) for k in set(free[node]) | set(res)}
+    return not isinstance(place_all(job, snap.nodes, free, p), str)
 
 
 @settings(max_examples=200, deadline=None)

@@ -128,3 +128,59 @@ def test_an_evicted_elastic_part_comes_back_when_the_preemptor_is_done() -> None
     assert run.preemptions == 1 and run.grown == 1 and run.unfinished == 0
     assert sim.jobs["eval"].first_start == 105.0  # after the part's 5 s grace
     assert sim.jobs["rl"].preempted == 0  # only its elastic part left, and came back
+
+
+def test_a_walltime_overrun_moves_the_reservation_a_grace_period_at_a_time() -> None:
+    """One node; a batch job declares 1,000 s and runs 2,500 s. A gang past its 300 s maximum wait
+    reserves the node from the job's expected end; while the job overruns, the reservation holds
+    for one grace period (600 s), then moves a grace period later each time; the gang starts the
+    moment the job really ends. Meanwhile a job that fits beside the reservation starts at once,
+    and one that ends before it, but one that would run past it on its capacity waits."""
+    node = [Node("g", {"GPU": 8.0, "CPU": 64.0})]
+    params = AdmissionParams(
+        {
+            "training": ClassParams(100, max_wait_s=300, walltime_s=3600),
+            "batch": ClassParams(10, min_run_s=10**6, walltime_s=3600),  # never preempted here
+        },
+        {"q": QueueParams(nominal={"GPU": 16.0, "CPU": 128.0})},  # quota enough: the node is not
+        overrun_grace_s=600,
+    )
+
+    def job(name: str, cls: str, at: float, gpus: float, cpus: float, wall: float | None) -> PendingJob:
+        return PendingJob(name, "q", cls, at, (Gang(({"GPU": gpus, "CPU": cpus},)),), walltime_s=wall)
+
+    trace = [
+        TraceJob(job("long", "batch", 0.0, 8, 8, 1000.0), 2500.0),
+        TraceJob(job("gang", "training", 10.0, 8, 32, None), 100.0),
+        TraceJob(job("beside", "batch", 400.0, 0, 24, None), 5000.0),  # within the 32 CPUs left spare
+        TraceJob(job("too-long", "batch", 401.0, 0, 20, 7200.0), 100.0),  # free now, not spare then
+        TraceJob(job("short", "batch", 402.0, 0, 20, 500.0), 100.0),  # ends before the reservation
+    ]
+    sim = ClusterSim(node, params, trace, ["GPU"])
+    run = sim.simulate()
+    assert [(t, start) for t, j, start in run.reservations if j == "gang"] == [
+        (310.0, 1000.0),  # past its bound at 310 s: from the job's expected end
+        (1000.0, 1600.0),  # it overran: one grace period more
+        (1600.0, 2200.0),
+        (2200.0, 2800.0),
+    ]
+    assert sim.jobs["gang"].first_start == 2500.0  # when "long" really ended
+    assert sim.jobs["beside"].first_start == 400.0  # beside the reservation: at once
+    assert sim.jobs["short"].first_start == 402.0  # backfilled: it ends before the reservation
+    assert sim.jobs["too-long"].first_start == 2600.0  # once the gang is done, not before it
+
+
+def test_the_head_of_line_scenario_a_reservation_holds_nothing_of_another_queue() -> None:
+    """configs/scenarios/head_of_line.yaml (docs/cluster.md): with the gangs' maximum wait, queue b's
+    CPU jobs on a node of their own wait exactly as long as without it, and the gangs wait less."""
+    from pathlib import Path
+
+    from rlsched.sim.cluster_scenario import load_cluster_scenario, run_cluster_scenario
+
+    scenario = Path(__file__).parents[2] / "configs/scenarios/head_of_line.yaml"
+    summary = run_cluster_scenario(load_cluster_scenario(scenario), 1)
+    free, bound = summary["results"]["no maximum wait"], summary["results"]["maximum wait 300 s"]
+    assert bound["bounds"]["training"] == 300 and free["bounds"]["training"] is None  # the overlay
+    for k in ("cpu_wait_mean_s", "cpu_wait_max_s"):
+        assert bound[k] == free[k]
+    assert bound["training_wait_max_s"] < 0.7 * free["training_wait_max_s"]
