@@ -335,7 +335,13 @@ def _add_simulate(sub: Any) -> None:
         help="dispatch policy (repeatable; default: the scenario's)",
     )
     sim.add_argument("--seeds", type=_positive, help="seeds per policy (default: the scenario's)")
-    sim.add_argument("--out", type=Path, help="write simulate.json, timelines and decision logs here")
+    sim.add_argument(
+        "--out",
+        type=Path,
+        help="write the outputs here: a job scenario's simulate.json, simulate.png, timelines and decision "
+        "logs; a cluster scenario's cluster.json and a PNG per variant (allocation per queue over time, "
+        "wait CDFs against the bounds, the largest gangs' Gantt strip)",
+    )
     _overrides(sim, "override a scenario value")
     _json(sim)
     sim.set_defaults(func=cmd_simulate)

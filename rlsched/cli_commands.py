@@ -502,11 +502,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if read_yaml(args.scenario).get("kind") == "cluster":
         from rlsched.sim.cluster_scenario import load_cluster_scenario, render_cluster, run_cluster_scenario
 
-        if args.policy or args.out:
-            raise UserError(
-                "--policy and --out apply to job scenarios; a cluster scenario lists its variants"
-            )
-        summary = run_cluster_scenario(load_cluster_scenario(args.scenario, args.set), args.seeds)
+        if args.policy:
+            raise UserError("--policy applies to job scenarios; a cluster scenario lists its variants")
+        summary = run_cluster_scenario(load_cluster_scenario(args.scenario, args.set), args.seeds, args.out)
         print(json.dumps(summary) if args.json else render_cluster(summary))
         return 0
     cfg = load_scenario(args.scenario, args.set)

@@ -51,7 +51,7 @@ def simulate_png(
 
     results = summary["results"]
     policies = list(results)
-    jobs = [j for j in results[policies[0]] if not j.startswith("pool/") and j != "events"]
+    jobs = [j["name"] for j in summary["scenario"]["jobs"]]  # not the pools', instances' or counts' rows
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     width = min(0.35, 0.8 / len(jobs))
     stack = ("t_generate", "t_verify_exposed", "t_update", "t_publish")
@@ -81,5 +81,64 @@ def simulate_png(
     right.legend(fontsize="small")
     path = out / "simulate.png"
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cluster_png(
+    run: Any, bounds: Mapping[str, float | None], bucket_s: float, title: str, path: Path, gangs: int = 16
+) -> Path:
+    """One cluster-scenario variant, seed 0 (`rlsched.sim.cluster.ClusterRun`): the share of devices
+    each queue holds over time (stacked); each class's wait CDF against its maximum wait; and a Gantt
+    strip of the `gangs` largest jobs (every stretch each ran; hatched: it ended preempted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (alloc, cdf, gantt) = plt.subplots(3, 1, figsize=(10, 10), constrained_layout=True)
+    colours = {q: f"C{i}" for i, q in enumerate(run.queue_series)}  # one colour per queue, every panel
+    queues = [q for q, s in run.queue_series.items() if any(s)]
+    if queues:
+        hours = [k * bucket_s / 3600 for k in range(max(len(run.queue_series[q]) for q in queues))]
+        series = [[*run.queue_series[q], *[0.0] * (len(hours) - len(run.queue_series[q]))] for q in queues]
+        alloc.stackplot(
+            hours, [[100 * x for x in s] for s in series], labels=queues, colors=[colours[q] for q in queues],
+            step="post",
+        )  # fmt: skip
+        alloc.legend(loc="upper left", fontsize="small", ncols=min(4, len(queues)))
+    alloc.set_ylim(0, 100)
+    alloc.set_xlabel("hours")
+    alloc.set_ylabel("% of devices held")
+    alloc.set_title(f"{title}: allocation over time per queue (seed 0)")
+    for k, (cls, waits) in enumerate(sorted(run.waits.items())):
+        xs = sorted(w / 3600 for w in waits)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        colour = f"C{k}"
+        cdf.step(xs, ys, where="post", color=colour, label=f"{cls} ({len(xs)} jobs)")
+        bound = bounds.get(cls)
+        if bound is not None:
+            cdf.axvline(bound / 3600, color=colour, linestyle="--", linewidth=1)
+    cdf.set_xlabel("hours from arrival to first start (dashed: the class's maximum wait)")
+    cdf.set_ylabel("share of jobs")
+    cdf.set_ylim(0, 1.02)
+    cdf.legend(loc="lower right", fontsize="small")
+    cdf.set_title("wait CDF per class")
+    sizes: dict[str, float] = {}
+    for iv in run.intervals:
+        sizes[iv.job] = max(sizes.get(iv.job, 0.0), iv.devices)
+    largest = sorted(sizes, key=lambda j: (-sizes[j], j))[:gangs]
+    row = {j: i for i, j in enumerate(largest)}
+    for iv in run.intervals:
+        if iv.job in row:
+            gantt.barh(
+                row[iv.job], (iv.end - iv.start) / 3600, left=iv.start / 3600, color=colours.get(iv.queue),
+                hatch=None if iv.done else "//", edgecolor="black", linewidth=0.3,
+            )  # fmt: skip
+    gantt.set_yticks(range(len(largest)), [f"{j} ({sizes[j]:g})" for j in largest], fontsize=6)
+    gantt.invert_yaxis()
+    gantt.set_xlabel("hours")
+    gantt.set_title(f"the {len(largest)} largest jobs (devices); hatched: preempted")
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -38,7 +38,7 @@ from rlsched.core.cluster_io import (
     JobSubmitted,
     Tick,
 )
-from rlsched.policy.cluster_model import AdmissionParams, PendingJob, RunningJob, dominant_share
+from rlsched.policy.cluster_model import AdmissionParams, PendingJob, RunningJob, demand, dominant_share
 from rlsched.policy.lifecycle import JobState
 from rlsched.policy.placement import Gang, Node, add
 from rlsched.sim.engine import EventHandle, Simulator
@@ -74,9 +74,23 @@ class ClusterRun:
     allocation_series: list[float] = field(default_factory=list)  # share allocated, per bucket_s
     jain: float = 1.0  # time-weighted Jain's index over queues' weighted dominant shares
     unfinished: int = 0
-    reservations: list[tuple[float, str, float]] = field(
-        default_factory=list
-    )  # (when, job, its start): made or moved
+    # (when, job, its start): each reservation made or moved
+    reservations: list[tuple[float, str, float]] = field(default_factory=list)
+    queue_series: dict[str, list[float]] = field(default_factory=dict)  # per queue: device share per bucket
+    intervals: list[Interval] = field(default_factory=list)  # every stretch a job ran, as they ended
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A stretch of one job's run: from a start to its end (done, preempted or requeued)."""
+
+    job: str
+    queue: str
+    priority: str
+    start: float
+    end: float
+    devices: float
+    done: bool
 
 
 class ClusterSim:
@@ -95,6 +109,7 @@ class ClusterSim:
         self.sim = Simulator(0)
         self.bucket_s = bucket_s
         self._buckets: list[float] = []  # device-share x seconds, per bucket
+        self._queue_buckets: dict[str, list[float]] = {q: [] for q in params.queues}
         # allocation is measured while jobs arrive (to the last arrival), not over the drain after it
         self.horizon_s = max((t.job.submitted for t in trace), default=0.0)
         self.nodes, self.params, self.devices = tuple(nodes), params, tuple(devices)
@@ -124,24 +139,15 @@ class ClusterSim:
             self._alloc_s += (
                 max(0.0, min(self.sim.now, self.horizon_s) - min(self._last, self.horizon_s)) * share
             )
-            self._spread(self._last, self.sim.now, share)
+            _spread(self._buckets, self.bucket_s, self._last, self.sim.now, share)
             shares = []
             for q, qp in self.params.queues.items():
                 usage = add(*(r.usage() for r in running if r.queue == q))
                 shares.append(dominant_share(usage, self.capacity, qp.weight))
+                mine = sum(usage.get(d, 0.0) for d in self.devices) / total if total else 0.0
+                _spread(self._queue_buckets[q], self.bucket_s, self._last, self.sim.now, mine)
             self._jain_s += dt * jain(shares)
         self._last = self.sim.now
-
-    def _spread(self, start: float, end: float, share: float) -> None:
-        """Add `share` over [start, end) to the time buckets it covers."""
-        t = start
-        while t < end:
-            k = int(t // self.bucket_s)
-            while len(self._buckets) <= k:
-                self._buckets.append(0.0)
-            stop = min(end, (k + 1) * self.bucket_s)
-            self._buckets[k] += (stop - t) * share
-            t = stop
 
     # -- events ---------------------------------------------------------------------------------------
     def _feed(self, event: Event) -> None:
@@ -206,6 +212,13 @@ class ClusterSim:
         """Done, or preempted (ended, or requeued: `state` PENDING): what it did since its last save
         (every `save_every_s`) is lost; the rest stays undone, or is done once admitted again."""
         live = self.jobs[name]
+        if live.running:
+            job = live.trace.job
+            devices = sum(demand(job).get(d, 0.0) for d in self.devices)
+            done = state is JobState.DONE
+            self.run.intervals.append(
+                Interval(name, job.queue, job.priority, live.started, self.sim.now, devices, done)
+            )
         if state is JobState.DONE:
             self.run.completions.setdefault(live.trace.job.priority, []).append(self.sim.now - live.submitted)
         elif live.running:
@@ -225,10 +238,24 @@ class ClusterSim:
             self.run.allocation = self._alloc_s / self.horizon_s if self.horizon_s > 0 else 0.0
             self.run.jain = self._jain_s / self.sim.now
         self.run.unfinished = sum(1 for j in self.jobs.values() if j.left_s > 0)
-        self.run.allocation_series = [
-            b / min(self.bucket_s, self.sim.now - k * self.bucket_s) for k, b in enumerate(self._buckets)
-        ]
+        self.run.allocation_series = self._per_bucket(self._buckets)
+        self.run.queue_series = {q: self._per_bucket(b) for q, b in self._queue_buckets.items()}
         return self.run
+
+    def _per_bucket(self, buckets: list[float]) -> list[float]:
+        return [b / min(self.bucket_s, self.sim.now - k * self.bucket_s) for k, b in enumerate(buckets)]
+
+
+def _spread(buckets: list[float], bucket_s: float, start: float, end: float, share: float) -> None:
+    """Add `share` over [start, end) to the time buckets it covers."""
+    t = start
+    while t < end:
+        k = int(t // bucket_s)
+        while len(buckets) <= k:
+            buckets.append(0.0)
+        stop = min(end, (k + 1) * bucket_s)
+        buckets[k] += (stop - t) * share
+        t = stop
 
 
 def jain(xs: Sequence[float]) -> float:

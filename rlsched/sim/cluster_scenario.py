@@ -17,7 +17,9 @@ trace ships with the project; the synthetic generator stands in, and says so.
 from __future__ import annotations
 
 import csv
+import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +31,7 @@ from rlsched.config_load import Section, load_tree
 from rlsched.errors import UserError
 from rlsched.policy.cluster_model import PendingJob
 from rlsched.policy.placement import Gang, Node
-from rlsched.sim.cluster import ClusterSim, TraceClass, TraceJob, summarise, synthetic_trace
+from rlsched.sim.cluster import ClusterRun, ClusterSim, TraceClass, TraceJob, summarise, synthetic_trace
 
 
 class StreamConfig(Section):
@@ -220,66 +222,118 @@ def _trace(cfg: ClusterScenarioConfig, streams: list[StreamConfig], seed: int) -
     return sorted(jobs, key=lambda j: j.job.submitted)
 
 
-def run_cluster_scenario(cfg: ClusterScenarioConfig, seeds: int | None = None) -> dict[str, Any]:
+def run_cluster_scenario(
+    cfg: ClusterScenarioConfig, seeds: int | None = None, out: Path | None = None
+) -> dict[str, Any]:
+    """Every variant over the seeds: each figure's mean, and its spread (the standard deviation over
+    seeds, `sd`). With `out`, `cluster.json` and one PNG per variant, of its seed 0
+    (`rlsched.metrics.plots.cluster_png`)."""
     admin = load_admin(cfg.admin)
     seeds = seeds or cfg.seeds
     results: dict[str, Any] = {}
+    pictures: list[Path] = []
     for v in cfg.variants:
         mine = load_admin(cfg.admin, v.admin)
-        nodes = nodes_of(mine)
-        params = admission_params(mine)
-        if v.fairness is not None:
-            params = replace(params, drf=v.fairness is FairnessPolicy.DRF)
-        if v.borrow_within_cohort is not None:
-            params = replace(params, borrow_within_cohort=v.borrow_within_cohort)
-        streams = [s for s in cfg.streams if v.streams is None or s.name in v.streams]
-        if v.requeue is not None:
-            streams = [s.model_copy(update={"requeue": v.requeue}) for s in streams]
-        per_seed, series = [], []
-        for seed in range(seeds):
-            run = ClusterSim(nodes, params, _trace(cfg, streams, seed), cfg.devices, cfg.bucket_s).simulate()
-            per_seed.append(summarise(run) | {"grown": float(run.grown)})
-            series.append(run.allocation_series)
+        runs = [_run_variant(cfg, v, mine, seed) for seed in range(seeds)]
+        per_seed = [summarise(run) | {"grown": float(run.grown)} for run in runs]
         keys = sorted(set().union(*per_seed))
-        length = max(len(s) for s in series)
-        results[v.name] = {k: sum(s.get(k, math.nan) for s in per_seed) / seeds for k in keys} | {
-            "allocation_series": [
-                sum(s[i] for s in series if i < len(s)) / sum(1 for s in series if i < len(s))
-                for i in range(length)
-            ],
-            "bounds": {n: c.max_wait_s for n, c in mine.priority_classes.items()},  # its overlay's
+        bounds = {n: c.max_wait_s for n, c in mine.priority_classes.items()}  # its overlay's
+        results[v.name] = {k: _mean([s.get(k, math.nan) for s in per_seed]) for k in keys} | {
+            "sd": {k: _sd([s.get(k, math.nan) for s in per_seed]) for k in keys},
+            "allocation_series": _mean_series([run.allocation_series for run in runs]),
+            "bounds": bounds,
         }
+        if out is not None:
+            from rlsched.metrics.plots import cluster_png
+
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"cluster-{_slug(v.name)}.png"
+            pictures.append(cluster_png(runs[0], bounds, cfg.bucket_s, v.name, path))
     bounds = {n: c.max_wait_s for n, c in admin.priority_classes.items()}
-    return {"scenario": cfg.model_dump(mode="json"), "seeds": seeds, "max_wait_s": bounds, "results": results}
+    summary = {
+        "scenario": cfg.model_dump(mode="json"),
+        "seeds": seeds,
+        "max_wait_s": bounds,
+        "results": results,
+    }
+    if out is not None:
+        (out / "cluster.json").write_text(json.dumps(summary, indent=1))
+        summary["pictures"] = [str(p) for p in pictures]
+    return summary
+
+
+def _run_variant(cfg: ClusterScenarioConfig, v: VariantConfig, admin: AdminConfig, seed: int) -> ClusterRun:
+    params = admission_params(admin)
+    if v.fairness is not None:
+        params = replace(params, drf=v.fairness is FairnessPolicy.DRF)
+    if v.borrow_within_cohort is not None:
+        params = replace(params, borrow_within_cohort=v.borrow_within_cohort)
+    streams = [s for s in cfg.streams if v.streams is None or s.name in v.streams]
+    if v.requeue is not None:
+        streams = [s.model_copy(update={"requeue": v.requeue}) for s in streams]
+    sim = ClusterSim(nodes_of(admin), params, _trace(cfg, streams, seed), cfg.devices, cfg.bucket_s)
+    return sim.simulate()
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _sd(xs: list[float]) -> float:
+    """The sample standard deviation over seeds (0 for one seed)."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _mean_series(series: list[list[float]]) -> list[float]:
+    length = max(len(s) for s in series)
+    return [_mean([s[i] for s in series if i < len(s)]) for i in range(length)]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "variant"
 
 
 def render_cluster(summary: dict[str, Any]) -> str:
+    """One table, a row per variant: each figure as its mean over seeds ± its standard deviation."""
     classes = sorted(summary["max_wait_s"])
     header = ["variant", "allocated", "preemptions", "regrown", "Jain", "unfinished"]
     header += [f"{c} wait mean / max (bound)" for c in classes] + [f"{c} completion" for c in classes]
     rows = [header]
     for name, r in summary["results"].items():
-        cells = [name, f"{100 * r['allocation']:.1f}%", f"{r['preemptions']:.1f}", f"{r['grown']:.1f}"]
-        cells += [f"{r['jain']:.3f}", f"{r['unfinished']:.1f}"]
+
+        def cell(key: str, fmt: str, scale: float = 1.0, r: dict[str, Any] = r) -> str:
+            m, sd = r.get(key, math.nan), r.get("sd", {}).get(key, 0.0)
+            if math.isnan(m):
+                return "-"
+            spread = f"±{scale * sd:{fmt}}" if summary["seeds"] > 1 else ""
+            return f"{scale * m:{fmt}}{spread}"
+
+        cells = [name, cell("allocation", ".1f", 100) + "%", cell("preemptions", ".1f"), cell("grown", ".1f")]
+        cells += [cell("jain", ".3f"), cell("unfinished", ".1f")]
         for c in classes:
             bound = r.get("bounds", summary["max_wait_s"]).get(c)
             if f"{c}_wait_mean_s" in r and not math.isnan(r[f"{c}_wait_mean_s"]):
                 b = f"{bound:,.0f}" if bound else "none"
-                cells.append(f"{r[f'{c}_wait_mean_s']:,.0f} / {r[f'{c}_wait_max_s']:,.0f} ({b})")
+                cells.append(f"{cell(f'{c}_wait_mean_s', ',.0f')} / {cell(f'{c}_wait_max_s', ',.0f')} ({b})")
             else:
                 cells.append("-")
-        for c in classes:
-            done = r.get(f"{c}_completion_mean_s", math.nan)
-            cells.append("-" if math.isnan(done) else f"{done:,.0f}")
+        cells += [cell(f"{c}_completion_mean_s", ",.0f") for c in classes]
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    spread = " ± the standard deviation over them" if summary["seeds"] > 1 else ""
     lines.append(
-        f"seconds; means over {summary['seeds']} seeds; allocated = share of devices until the last arrival"
+        f"seconds; means over {summary['seeds']} seeds{spread}; allocated = share of devices until the "
+        "last arrival"
     )
     for name, r in summary["results"].items():
         series = r["allocation_series"]
         if series:
             spark = " ".join(f"{100 * x:.0f}" for x in series[:: max(1, len(series) // 24)])
             lines.append(f"{name}: allocated % over time: {spark}")
+    for path in summary.get("pictures", []):
+        lines.append(f"wrote {path}")
     return "\n".join(lines)

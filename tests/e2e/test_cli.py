@@ -359,6 +359,30 @@ def test_simulate_two_jobs_with_a_gpu_stage_and_an_empirical_file(tmp_path: Path
     assert results["code"]["t_iter"]["mean"] > results["code"]["t_generate"]["mean"] > 0
 
 
+# every shipped scenario, shortened, with --out: what each writes, and a picture that opens
+SHORT = {"cluster": ["--set", "hours=3"], "head_of_line": ["--set", "hours=6"]}
+
+
+@pytest.mark.parametrize(
+    "scenario", sorted((ROOT / "configs/scenarios").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_every_shipped_scenario_writes_its_outputs(scenario: Path, tmp_path: Path) -> None:
+    import matplotlib.image
+
+    cluster = "\nkind: cluster" in "\n" + scenario.read_text()
+    short = SHORT.get(scenario.stem, []) if cluster else ["--set", "jobs.0.iterations=2"]
+    proc = rlsched("simulate", str(scenario), "--seeds", "1", *short, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    pictures = sorted(tmp_path.glob("*.png"))
+    assert (tmp_path / ("cluster.json" if cluster else "simulate.json")).is_file() and pictures
+    for png in pictures:
+        height, width = matplotlib.image.imread(png).shape[:2]
+        assert height > 300 and width > 600, png
+    if cluster:
+        variants = json.loads((tmp_path / "cluster.json").read_text())["results"]
+        assert len(pictures) == len(variants)
+
+
 def test_simulate_unknown_policy_flag() -> None:
     proc = rlsched("simulate", "configs/scenarios/quickstart.yaml", "--policy", "fastest")
     assert proc.returncode == 2 and "--policy" in proc.stderr and "fastest" in proc.stderr

@@ -165,6 +165,8 @@ def test_a_walltime_overrun_moves_the_reservation_a_grace_period_at_a_time() -> 
         (2200.0, 2800.0),
     ]
     assert sim.jobs["gang"].first_start == 2500.0  # when "long" really ended
+    gang = [(iv.start, iv.end, iv.devices, iv.done) for iv in run.intervals if iv.job == "gang"]
+    assert gang == [(2500.0, 2600.0, 8.0, True)]  # what the Gantt strip of `--out` draws
     assert sim.jobs["beside"].first_start == 400.0  # beside the reservation: at once
     assert sim.jobs["short"].first_start == 402.0  # backfilled: it ends before the reservation
     assert sim.jobs["too-long"].first_start == 2600.0  # once the gang is done, not before it
