@@ -172,10 +172,8 @@ class AdminConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> AdminConfig:
         found = problems(self)
-        if len(found) == 1:
-            raise ValueError(found[0])
         if found:
-            raise ValueError(f"{len(found)} problems:\n" + "\n".join(f"    - {p}" for p in found))
+            raise ValueError("\n".join(found))  # one a line: the error lists each as a problem
         return self
 
 

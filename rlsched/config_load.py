@@ -150,16 +150,18 @@ def _kind_of(model: type[BaseModel]) -> str | None:
 
 
 def format_validation_error(source: str, err: ValidationError, root: type[BaseModel]) -> str:
-    lines = [f"{source} has {err.error_count()} problem(s):"]
+    """Every problem, one a line, each under the path of its key. A check that spans the whole file
+    (a model validator at the top) names its own fields, one problem a line of its message."""
+    lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
-        path = ".".join(_walk(loc, root)[0]) or "(top level)"
+        path = ".".join(_walk(loc, root)[0])
         hint = _fix_hint(e)
         if e["type"] == "extra_forbidden":
             keys = _valid_keys(loc, root)
             hint += f"; valid keys here: {keys}" if keys else ""
-        lines.append(f"  {path}: {hint}")
-    return "\n".join(lines)
+        lines += [f"  {path}: {hint}"] if path else [f"  {p}" for p in hint.splitlines()]
+    return "\n".join([f"{source} has {len(lines)} problem(s):", *lines])
 
 
 def load_tree(root: type[_M], path: Path | str | None, overrides: list[str] | None) -> _M:

@@ -435,7 +435,7 @@ reserve: {classes: [online], resources: {H100: 1}}
         (  # every problem at once
             "queues:\n  a: {cohort: nope, nominal: {H100: 32}, default_priority: urgent}\n",
             [
-                "4 problems:",
+                "has 4 problem(s):",
                 "queues.a.cohort 'nope' is not defined in cohorts (research)",
                 "queues.a.default_priority 'urgent' is not a defined priority class",
                 "queues.a.nominal.H100 is 32 but the cluster has 16 H100",
