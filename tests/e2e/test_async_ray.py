@@ -65,13 +65,13 @@ def _rlsched(args: list[str], settings: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def resumed(run: Path) -> tuple[Path, str]:
-    """The run resumed to STEPS + MORE steps: generation four times longer, new versions swapped in."""
+    """The run resumed to STEPS + MORE steps: generation eight times longer, new versions swapped in."""
     settings = [
         "schedule.mode=async",
         f"rollout.max_staleness={K}",
         f"grpo.steps={STEPS + MORE}",
         "rollout.inflight_update=swap",
-        "sampling.max_tokens=32",
+        "sampling.max_tokens=64",
         "sampling.ignore_eos=true",
         "eval.every_steps=4",
         "task.eval_size=64",
