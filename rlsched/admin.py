@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 from rlsched.config_load import Section, format_validation_error, load_tree, read_yaml
 from rlsched.errors import UserError
 from rlsched.policy.cluster_model import AdmissionParams, ClassParams, QueueParams, RequeueParams
+from rlsched.policy.placement import add
 
 
 class PriorityClass(Section):
@@ -227,7 +228,7 @@ def _fits_the_cluster(cfg: AdminConfig) -> list[str]:
                     f"queues.{name}.nominal.{k} is {v:g} but the cluster has {have.get(k, 0.0):g} {k}; "
                     "lower the quota or add nodes"
                 )
-    promised = _total(q.nominal for q in cfg.queues.values())
+    promised = add(*(q.nominal for q in cfg.queues.values()))
     reserved = cfg.reserve.resources if cfg.reserve else {}
     for k, v in promised.items():
         if v + reserved.get(k, 0.0) > have.get(k, 0.0) + 1e-6:
@@ -263,7 +264,7 @@ def warnings(cfg: AdminConfig) -> list[str]:
 def _unassigned(cfg: AdminConfig) -> list[str]:
     if not cfg.nodes:
         return []
-    promised = _total(q.nominal for q in cfg.queues.values())
+    promised = add(*(q.nominal for q in cfg.queues.values()))
     reserved = cfg.reserve.resources if cfg.reserve else {}
     idle = {
         k: v - promised.get(k, 0.0) - reserved.get(k, 0.0)
@@ -338,14 +339,6 @@ def cohort_cycle(cohorts: Mapping[str, Cohort]) -> list[str]:
             path.append(node)
             node = cohorts[node].parent if node in cohorts else None
     return []
-
-
-def _total(amounts: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for a in amounts:
-        for k, v in a.items():
-            out[k] = out.get(k, 0.0) + v
-    return out
 
 
 def _listed(names: Iterable[str]) -> str:

@@ -20,6 +20,7 @@ import csv
 import json
 import math
 import re
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -238,7 +239,7 @@ def run_cluster_scenario(
         per_seed = [summarise(run) | {"grown": float(run.grown)} for run in runs]
         keys = sorted(set().union(*per_seed))
         bounds = {n: c.max_wait_s for n, c in mine.priority_classes.items()}  # its overlay's
-        results[v.name] = {k: _mean([s.get(k, math.nan) for s in per_seed]) for k in keys} | {
+        results[v.name] = {k: statistics.fmean([s.get(k, math.nan) for s in per_seed]) for k in keys} | {
             "sd": {k: _sd([s.get(k, math.nan) for s in per_seed]) for k in keys},
             "allocation_series": _mean_series([run.allocation_series for run in runs]),
             "bounds": bounds,
@@ -275,21 +276,14 @@ def _run_variant(cfg: ClusterScenarioConfig, v: VariantConfig, admin: AdminConfi
     return sim.simulate()
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def _sd(xs: list[float]) -> float:
     """The sample standard deviation over seeds (0 for one seed)."""
-    if len(xs) < 2:
-        return 0.0
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def _mean_series(series: list[list[float]]) -> list[float]:
     length = max(len(s) for s in series)
-    return [_mean([s[i] for s in series if i < len(s)]) for i in range(length)]
+    return [statistics.fmean([s[i] for s in series if i < len(s)]) for i in range(length)]
 
 
 def _slug(name: str) -> str:
